@@ -1,0 +1,14 @@
+"""One helper every op test goes through: finite differences in float64."""
+
+from tinygrad_ckpt import Tensor
+from tinygrad_ckpt.gradcheck import gradcheck
+
+# Central differences with eps=1e-6 in float64 are accurate to about 1e-8 on
+# these magnitudes; the stated tolerance leaves two orders of margin.
+ATOL, RTOL = 1e-6, 1e-5
+
+
+def check_grad(fn, *arrays, eps=1e-6):
+    """gradcheck `fn` on float64 tensors made from `arrays` (all require grad)."""
+    inputs = [Tensor(a, requires_grad=True, dtype="float64") for a in arrays]
+    assert gradcheck(fn, inputs, eps=eps, atol=ATOL, rtol=RTOL)

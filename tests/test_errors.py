@@ -1,0 +1,79 @@
+"""Bad input gets an error that names the op and what is wrong."""
+
+import numpy
+import pytest
+
+import tinygrad_ckpt as tg
+import tinygrad_ckpt.functional as F
+from tinygrad_ckpt import Tensor, backend
+
+
+def test_matmul_inner_dimensions():
+    with pytest.raises(ValueError, match=r"matmul: inner dimensions differ: \(2, 3\) @ \(4, 5\)"):
+        Tensor(numpy.ones((2, 3))) @ Tensor(numpy.ones((4, 5)))
+
+
+def test_linear_feature_mismatch():
+    with pytest.raises(ValueError, match="linear: input has 3 features"):
+        F.linear(Tensor(numpy.ones((2, 3))), Tensor(numpy.ones((4, 5))))
+
+
+def test_broadcast_mismatch_names_the_op_and_shapes():
+    with pytest.raises(ValueError, match=r"add: shapes \(2, 3\) and \(4,\) cannot be broadcast"):
+        Tensor(numpy.ones((2, 3))) + Tensor(numpy.ones(4))
+
+
+def test_mixed_dtypes_are_an_error_not_an_upcast():
+    with pytest.raises(TypeError, match="Mul: inputs have different dtypes \\(float32 and float64\\)"):
+        Tensor(numpy.ones(2, dtype=numpy.float32)) * Tensor(numpy.ones(2, dtype=numpy.float64))
+
+
+def test_reshape_size_mismatch():
+    with pytest.raises(ValueError, match=r"reshape: cannot reshape a tensor of shape \(2, 3\) \(6 elements\) into \(4,\)"):
+        Tensor(numpy.ones((2, 3))).reshape(4)
+
+
+def test_cross_entropy_target_out_of_range():
+    with pytest.raises(ValueError, match="target 7 is out of range for 5 classes"):
+        F.cross_entropy(Tensor(numpy.ones((2, 5))), numpy.array([1, 7]))
+
+
+def test_cross_entropy_float_targets():
+    with pytest.raises(TypeError, match="targets must be integers"):
+        F.cross_entropy(Tensor(numpy.ones((2, 5))), numpy.array([1.0, 2.0]))
+
+
+def test_integer_tensors_cannot_require_grad():
+    with pytest.raises(TypeError, match="only floating-point tensors can require grad"):
+        Tensor(numpy.array([1, 2]), requires_grad=True)
+
+
+def test_backward_without_requires_grad():
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Tensor([1.0]).sum().backward()
+
+
+def test_randn_needs_an_explicit_generator():
+    with pytest.raises(TypeError, match="rng=numpy.random.default_rng"):
+        tg.randn(3, rng=42)
+
+
+def test_unknown_device():
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        Tensor([1.0], device="tpu")
+
+
+@pytest.mark.skipif(backend.cuda_is_available(), reason="a GPU is present here, so 'cuda' works")
+def test_cuda_without_cupy_says_how_to_install():
+    with pytest.raises(RuntimeError, match=r"pip install 'tinygrad_ckpt\[gpu\]'"):
+        Tensor([1.0], device="cuda")
+
+
+def test_dropout_probability_range():
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\)"):
+        F.dropout(Tensor([1.0]), p=1.0)
+
+
+def test_item_on_many_elements():
+    with pytest.raises(ValueError, match="item\\(\\) needs a tensor with one element"):
+        Tensor([1.0, 2.0]).item()

@@ -1,0 +1,139 @@
+"""The only place that decides between NumPy (CPU) and CuPy (GPU).
+
+Every op asks `array_module(*arrays)` for the module its inputs live in and
+calls `xp.exp`, `xp.zeros`, ... on it, so each derivative is written once and
+runs on both devices. Nothing outside this file imports CuPy.
+
+What lives here: the device names ('cpu', 'cuda'), the array module of an
+array, explicit host/device transfers, and the buffer that owns an array's
+memory (the memory accounting counts buffers, not views).
+
+What does not: any op, any tensor logic.
+"""
+
+import numpy
+
+# The array module behind each device. 'cuda' is filled in on first use
+# (importing CuPy is slow and fails where there is no GPU); tests may install a
+# strict stand-in with `set_cuda_module` to prove the engine never touches the
+# host behind the user's back.
+_modules = {"cpu": numpy, "cuda": None}
+
+
+def set_cuda_module(module):
+    """Use `module` (CuPy, or a stand-in with the same interface) for 'cuda'.
+
+    Returns the module that was there before, so a test can put it back.
+    """
+    previous = _modules["cuda"]
+    _modules["cuda"] = module
+    return previous
+
+
+def _cuda():
+    if _modules["cuda"] is None:
+        try:
+            import cupy
+
+            cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # ImportError, or CuPy present with no GPU
+            raise RuntimeError(
+                "device='cuda' needs CuPy and an NVIDIA GPU "
+                f"({type(e).__name__}: {e}). Install the GPU extra with "
+                "`pip install 'tinygrad_ckpt[gpu]'` on a machine with CUDA, "
+                "or use device='cpu'."
+            ) from None
+        _modules["cuda"] = cupy
+    return _modules["cuda"]
+
+
+def cuda_is_available():
+    """True when device='cuda' would work (CuPy importable and a GPU present)."""
+    try:
+        _cuda()
+        return True
+    except RuntimeError:
+        return False
+
+
+def module_for(device):
+    """The array module of a device name ('cpu' or 'cuda')."""
+    if device == "cpu":
+        return numpy
+    if device == "cuda":
+        return _cuda()
+    raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda'")
+
+
+def device_of(array):
+    """'cpu' for NumPy arrays, 'cuda' for arrays of the CUDA module."""
+    if isinstance(array, numpy.ndarray):
+        return "cpu"
+    cuda = _modules["cuda"]
+    if cuda is not None and isinstance(array, cuda.ndarray):
+        return "cuda"
+    raise TypeError(
+        f"expected a NumPy or CuPy array, got {type(array).__name__}; "
+        "wrap Python values with Tensor(...) first"
+    )
+
+
+def array_module(*arrays):
+    """The array module shared by `arrays`; a clear error if they disagree."""
+    devices = {device_of(a) for a in arrays}
+    if len(devices) > 1:
+        raise RuntimeError(
+            f"arrays are on different devices ({' and '.join(sorted(devices))}); "
+            "move them to one device with .to('cpu') or .to('cuda')"
+        )
+    return module_for(devices.pop()) if devices else numpy
+
+
+def as_array(x):
+    """NumPy turns 0-d results into scalars (numpy.float64); make them arrays again."""
+    return numpy.asarray(x) if isinstance(x, numpy.generic) else x
+
+
+def to_device(array, device):
+    """An explicit copy of `array` onto `device` (no copy if already there)."""
+    if device_of(array) == device:
+        return array
+    if device == "cpu":
+        return to_host(array)
+    return module_for(device).asarray(array)
+
+
+def to_host(array):
+    """A NumPy copy of any array. The one sanctioned device-to-host transfer."""
+    if isinstance(array, numpy.ndarray):
+        return array
+    return array.get()
+
+
+def storage(array):
+    """The array that owns `array`'s memory: a view is counted once, by its base."""
+    while getattr(array, "base", None) is not None and hasattr(array.base, "nbytes"):
+        array = array.base
+    return array
+
+
+def scatter_add(target, index, values):
+    """target[index] += values, adding (not overwriting) where index repeats.
+
+    The adjoint of gathering rows (an embedding lookup): a token that appears
+    twice gets both gradients.
+    """
+    if isinstance(target, numpy.ndarray):
+        numpy.add.at(target, index, values)
+    elif hasattr(module_of(target), "add") and hasattr(module_of(target).add, "at"):
+        module_of(target).add.at(target, index, values)
+    else:  # older CuPy: the same operation lives in cupyx
+        import cupyx
+
+        cupyx.scatter_add(target, index, values)
+    return target
+
+
+def module_of(array):
+    """The array module of one array (array_module without the checks)."""
+    return module_for(device_of(array))

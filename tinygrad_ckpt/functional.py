@@ -1,0 +1,121 @@
+"""The functional face of the ops, imported as F (as torch.nn.functional is).
+
+Functions here take Tensors and call one op's `apply`, adding only argument
+handling: flattening (B, T, C) logits for cross-entropy, drawing a dropout
+mask from a generator, defaulting layer-norm's weight and bias.
+"""
+
+import numpy
+
+from . import backend, random
+from .ops import elementwise, matmul, movement, nn
+from .tensor import Tensor
+
+
+def linear(x, weight, bias=None):
+    """x @ weight.T + bias (weight is (out_features, in_features))."""
+    return matmul.Linear.apply(x, weight) if bias is None else matmul.Linear.apply(x, weight, bias)
+
+
+def relu(x):
+    return elementwise.ReLU.apply(x)
+
+
+def gelu(x):
+    """GELU, tanh approximation (as GPT-2)."""
+    return elementwise.GELU.apply(x)
+
+
+def tanh(x):
+    return elementwise.Tanh.apply(x)
+
+
+def sigmoid(x):
+    return elementwise.Sigmoid.apply(x)
+
+
+def softmax(x, axis=-1):
+    return nn.Softmax.apply(x, axis=axis)
+
+
+def log_softmax(x, axis=-1):
+    return nn.LogSoftmax.apply(x, axis=axis)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Layer norm over the last axis; `normalized_shape` must be (C,)."""
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if normalized_shape != x.shape[-1:]:
+        raise ValueError(
+            f"layer_norm normalises over the last axis only: normalized_shape {normalized_shape} "
+            f"does not match the input's last axis, shape {x.shape}"
+        )
+    xp = backend.array_module(x.data)
+    weight = weight if weight is not None else Tensor(xp.ones(normalized_shape, dtype=x.dtype))
+    bias = bias if bias is not None else Tensor(xp.zeros(normalized_shape, dtype=x.dtype))
+    return nn.LayerNorm.apply(x, weight, bias, eps=eps)
+
+
+def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
+    """Cross-entropy of logits (..., C) against integer targets (...).
+
+    Targets equal to `ignore_index` (padding) do not count, in the sum or in
+    the mean's denominator.
+    """
+    targets = targets.data if isinstance(targets, Tensor) else targets
+    if targets.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}")
+    if tuple(targets.shape) != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {logits.shape}")
+    flat = logits.reshape(-1, logits.shape[-1]) if logits.ndim != 2 else logits  # (N, C)
+    return nn.CrossEntropy.apply(flat, targets=targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+
+
+def dropout(x, p=0.5, training=True, rng=None):
+    """Zero each element with probability p and scale the rest by 1 / (1 - p).
+
+    The mask is drawn from `rng` (a numpy.random.Generator; the package's
+    default generator if None) on the host and copied to x's device once, so
+    the same seed gives the same mask on CPU and GPU.
+    """
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0:
+        return x
+    keep = random.generator(rng).random(x.shape, dtype=numpy.float32) >= p
+    keep = backend.to_device(keep, x.device)
+    return nn.Dropout.apply(x, keep=keep, p=p)
+
+
+def mse_loss(input, target, reduction="mean"):
+    """Mean (or sum) of squared differences."""
+    if input.shape != target.shape:
+        raise ValueError(f"mse_loss: input shape {input.shape} and target shape {target.shape} differ")
+    sq = (input - target) ** 2
+    if reduction == "mean":
+        return sq.mean()
+    if reduction == "sum":
+        return sq.sum()
+    raise ValueError(f"mse_loss: reduction must be 'mean' or 'sum', got {reduction!r}")
+
+
+def where(condition, a, b):
+    """a where the boolean condition holds, b elsewhere."""
+    condition = condition.data if isinstance(condition, Tensor) else condition
+    a = a if isinstance(a, Tensor) else b._lift(a)
+    b = b if isinstance(b, Tensor) else a._lift(b)
+    return elementwise.Where.apply(a, b, condition=condition)
+
+
+def cat(tensors, axis=0):
+    return movement.Cat.apply(*tensors, axis=axis)
+
+
+def stack(tensors, axis=0):
+    return movement.Stack.apply(*tensors, axis=axis)
+
+
+def embedding(indices, weight):
+    """Rows of weight (num_embeddings, dim) at integer indices: weight[indices]."""
+    indices = indices.data if isinstance(indices, Tensor) else indices
+    return movement.GetItem.apply(weight, index=indices)

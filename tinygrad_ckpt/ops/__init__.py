@@ -1,0 +1,8 @@
+"""The differentiable ops, grouped by kind, one small class each:
+
+    elementwise.py  + - * / ** neg exp log tanh sigmoid relu gelu where cast
+    reduce.py       sum mean max
+    movement.py     reshape permute getitem cat stack to-device
+    matmul.py       batched matmul, linear
+    nn.py           softmax log-softmax layer-norm cross-entropy dropout
+"""

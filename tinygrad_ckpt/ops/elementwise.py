@@ -1,0 +1,315 @@
+"""Elementwise ops: binary arithmetic with broadcasting, and unary functions.
+
+Each op is one class with `forward` and `backward` a few lines apart; the
+derivative is in its docstring. All arrays come from the same module `xp`
+(NumPy or CuPy), taken from the inputs.
+
+Broadcasting: `a + b` with shapes (3, 4) and (4,) works as in NumPy, and the
+gradient for b must come back with shape (4,). The adjoint of broadcasting is
+summing, done once, in `unbroadcast`.
+
+What each op saves, and why, is said in its docstring: an op saves only what
+its backward reads, and skips saving for inputs that need no gradient.
+"""
+
+import numpy
+
+from ..backend import array_module
+from ..function import Function
+
+
+def unbroadcast(grad, shape):
+    """Sum `grad` down to `shape`: the adjoint of NumPy broadcasting."""
+    if tuple(grad.shape) == tuple(shape):
+        return grad
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
+    return grad.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+def check_broadcast(op, a, b):
+    """A clear error naming the op, instead of NumPy's from deep inside."""
+    try:
+        numpy.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(
+            f"{op}: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be broadcast together "
+            "(trailing dimensions must be equal or 1)"
+        ) from None
+
+
+# -- binary ------------------------------------------------------------------
+class Add(Function):
+    """out = a + b;  da = g, db = g.  Saves nothing (only the shapes)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        check_broadcast("add", a, b)
+        ctx.shapes = a.shape, b.shape
+        return a + b
+
+    @staticmethod
+    def backward(ctx, g):
+        sa, sb = ctx.shapes
+        return unbroadcast(g, sa), unbroadcast(g, sb)
+
+
+class Sub(Function):
+    """out = a - b;  da = g, db = -g.  Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        check_broadcast("sub", a, b)
+        ctx.shapes = a.shape, b.shape
+        return a - b
+
+    @staticmethod
+    def backward(ctx, g):
+        sa, sb = ctx.shapes
+        return unbroadcast(g, sa), unbroadcast(-g, sb) if ctx.needs_input_grad[1] else None
+
+
+class Mul(Function):
+    """out = a * b;  da = g * b, db = g * a.
+
+    Saves b only if a needs a gradient, and a only if b does: x * mask keeps
+    the mask, not x.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b):
+        check_broadcast("mul", a, b)
+        ctx.shapes = a.shape, b.shape
+        need_a, need_b = ctx.needs_input_grad or (False, False)
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_arrays
+        sa, sb = ctx.shapes
+        da = unbroadcast(g * b, sa) if b is not None else None
+        db = unbroadcast(g * a, sb) if a is not None else None
+        return da, db
+
+
+class Div(Function):
+    """out = a / b;  da = g / b, db = -g * a / b**2.  Saves a and b."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        check_broadcast("div", a, b)
+        ctx.shapes = a.shape, b.shape
+        ctx.save_for_backward(a, b)
+        return a / b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_arrays
+        sa, sb = ctx.shapes
+        da = unbroadcast(g / b, sa) if ctx.needs_input_grad[0] else None
+        db = unbroadcast(-g * a / (b * b), sb) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+class Pow(Function):
+    """out = a ** b;  da = g * b * a**(b-1), db = g * out * log(a).  Saves a, b, out."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        check_broadcast("pow", a, b)
+        ctx.shapes = a.shape, b.shape
+        out = a**b
+        ctx.save_for_backward(a, b, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, out = ctx.saved_arrays
+        sa, sb = ctx.shapes
+        xp = array_module(a)
+        da = unbroadcast(g * b * a ** (b - 1), sa) if ctx.needs_input_grad[0] else None
+        db = unbroadcast(g * out * xp.log(a), sb) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+class Where(Function):
+    """out = condition ? a : b;  da = g where condition, db = g elsewhere.
+
+    `condition` is a boolean array (not differentiable). Saves it (1 byte per element).
+    """
+
+    @staticmethod
+    def forward(ctx, a, b, condition):
+        xp = array_module(a, b, condition)
+        ctx.shapes = a.shape, b.shape
+        ctx.save_for_backward(condition)
+        return xp.where(condition, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        (condition,) = ctx.saved_arrays
+        sa, sb = ctx.shapes
+        zero = g.dtype.type(0)
+        da = unbroadcast(array_module(g).where(condition, g, zero), sa) if ctx.needs_input_grad[0] else None
+        db = unbroadcast(array_module(g).where(condition, zero, g), sb) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+# -- unary -------------------------------------------------------------------
+class Neg(Function):
+    """out = -x;  dx = -g.  Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return -x
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g
+
+
+class PowScalar(Function):
+    """out = x ** p for a Python number p;  dx = g * p * x**(p-1).  Saves x."""
+
+    @staticmethod
+    def forward(ctx, x, exponent):
+        ctx.exponent = exponent
+        ctx.save_for_backward(x)
+        return x**exponent
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        p = ctx.exponent
+        if p == 2:
+            return g * 2 * x
+        return g * (p * x ** (p - 1))
+
+
+class Exp(Function):
+    """out = exp(x);  dx = g * out.  Saves out (x is not needed)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = array_module(x).exp(x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_arrays
+        return g * out
+
+
+class Log(Function):
+    """out = log(x);  dx = g / x.  Saves x."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return array_module(x).log(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        return g / x
+
+
+class Tanh(Function):
+    """out = tanh(x);  dx = g * (1 - out**2).  Saves out."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = array_module(x).tanh(x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_arrays
+        return g * (1 - out * out)
+
+
+class Sigmoid(Function):
+    """out = 1 / (1 + exp(-x));  dx = g * out * (1 - out).  Saves out."""
+
+    @staticmethod
+    def forward(ctx, x):
+        xp = array_module(x)
+        # tanh form: never overflows, unlike 1 / (1 + exp(-x)) for very negative x.
+        out = 0.5 * (xp.tanh(0.5 * x) + 1)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_arrays
+        return g * out * (1 - out)
+
+
+class ReLU(Function):
+    """out = max(x, 0);  dx = g where x > 0.  Saves the sign as a boolean mask (1 byte per element)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        positive = x > 0
+        ctx.save_for_backward(positive)
+        return x * positive
+
+    @staticmethod
+    def backward(ctx, g):
+        (positive,) = ctx.saved_arrays
+        return g * positive
+
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+class GELU(Function):
+    """GELU with the tanh approximation, as GPT-2 uses:
+
+        out = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+        dx  = g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)),  t = tanh(u)
+
+    Saves x only; backward recomputes tanh(u), which is cheaper in memory than
+    saving it (one array instead of two).
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        xp = array_module(x)
+        ctx.save_for_backward(x)
+        t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+        t += 1
+        t *= 0.5 * x  # in place: one temporary instead of three
+        return t
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        xp = array_module(x)
+        x2 = x * x
+        t = xp.tanh(_SQRT_2_OVER_PI * x * (1 + 0.044715 * x2))
+        # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 0.134145 x^2), built in place
+        inner = _SQRT_2_OVER_PI * (1 + 0.134145 * x2)
+        inner *= 0.5 * x
+        inner *= 1 - t * t
+        t += 1
+        t *= 0.5
+        inner += t
+        inner *= g
+        return inner
+
+
+class Cast(Function):
+    """out = x as another dtype;  dx = g cast back.  Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        return x.astype(dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.astype(ctx.dtype)

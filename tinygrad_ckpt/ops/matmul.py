@@ -1,0 +1,87 @@
+"""Matrix multiplication: batched `a @ b`, and the fused linear layer.
+
+These are the expensive ops: on the reference workloads most of a step's
+time is spent here, in BLAS (NumPy) or cuBLAS (CuPy). Checkpoint policies
+that "save matmul outputs" refer to these two ops.
+"""
+
+from ..function import Function
+from .elementwise import unbroadcast
+
+
+def _swap(x):
+    """Transpose the last two axes (a view, no copy)."""
+    return x.swapaxes(-1, -2)
+
+
+class MatMul(Function):
+    """out = a @ b over the last two axes, broadcasting the leading (batch) axes.
+
+        da = g @ b^T,  db = a^T @ g   (each summed back over broadcast batch axes)
+
+    Saves a if b needs a gradient, b if a does.
+    """
+
+    @staticmethod
+    def forward(ctx, a, b):
+        if a.shape[-1] != b.shape[-2]:
+            raise ValueError(
+                f"matmul: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)} "
+                f"({a.shape[-1]} != {b.shape[-2]})"
+            )
+        ctx.shapes = a.shape, b.shape
+        need_a, need_b = ctx.needs_input_grad or (False, False)
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_arrays
+        sa, sb = ctx.shapes
+        da = unbroadcast(g @ _swap(b), sa) if b is not None else None
+        db = None
+        if a is not None:
+            if len(sb) == 2 and len(sa) > 2:
+                # A shared 2-D b: fold the batch into the rows, one GEMM, no
+                # (batch, K, N) temporary to sum afterwards.
+                db = a.reshape(-1, sa[-1]).T @ g.reshape(-1, g.shape[-1])
+            else:
+                db = unbroadcast(_swap(a) @ g, sb)
+        return da, db
+
+
+class Linear(Function):
+    """out = x @ weight^T + bias, PyTorch's layout: weight is (out_features, in_features).
+
+        dx = g @ weight,  dweight = g^T @ x,  dbias = g summed over all but the last axis
+
+    One record instead of three (matmul, transpose, add). Saves x and weight;
+    weight is a parameter, so it costs no activation memory.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias=None):
+        if x.shape[-1] != weight.shape[-1]:
+            raise ValueError(
+                f"linear: input has {x.shape[-1]} features (shape {tuple(x.shape)}) but the "
+                f"weight of shape {tuple(weight.shape)} expects {weight.shape[-1]}"
+            )
+        ctx.has_bias = bias is not None
+        need = ctx.needs_input_grad or (False, False)
+        # dweight needs x; dx needs weight; dbias needs neither.
+        ctx.save_for_backward(x if need[1] else None, weight if need[0] else None)
+        out = x @ weight.T
+        if bias is not None:
+            out += bias
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_arrays
+        g2 = g.reshape(-1, g.shape[-1])  # (N, out): all leading axes are rows
+        dx = g @ weight if weight is not None else None
+        dweight = g2.T @ x.reshape(-1, x.shape[-1]) if x is not None else None
+        if not ctx.has_bias:
+            return dx, dweight
+        dbias = g2.sum(axis=0) if ctx.needs_input_grad[2] else None
+        return dx, dweight, dbias

@@ -1,0 +1,170 @@
+"""Neural-network ops: softmax, log-softmax, layer norm, cross-entropy, dropout.
+
+Each could be composed from elementwise and reduce ops, but then the tape
+would hold every intermediate (x - max, exp, sum, ...) for backward. Written
+as one op with a hand-derived backward, each saves one array the size of its
+input, or less: that is the difference between this engine's activation
+memory and a naive one, and why the saved-bytes figures match PyTorch's.
+"""
+
+import numpy
+
+from .. import backend
+from ..backend import array_module
+from ..function import Function
+
+
+class Softmax(Function):
+    """out = exp(x - max) / sum(exp(x - max))  along axis;  dx = out * (g - sum(g * out)).
+
+    Saves out (the input is not needed).
+    """
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        xp = array_module(x)
+        ctx.axis = axis
+        out = xp.exp(x - x.max(axis=axis, keepdims=True))  # subtracting the max cannot overflow
+        out /= out.sum(axis=axis, keepdims=True)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_arrays
+        dx = g * out
+        dx -= out * dx.sum(axis=ctx.axis, keepdims=True)
+        return dx
+
+
+class LogSoftmax(Function):
+    """out = x - logsumexp(x)  along axis;  dx = g - exp(out) * sum(g).  Saves out."""
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        xp = array_module(x)
+        ctx.axis = axis
+        shifted = x - x.max(axis=axis, keepdims=True)
+        out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_arrays
+        return g - array_module(g).exp(out) * g.sum(axis=ctx.axis, keepdims=True)
+
+
+class LayerNorm(Function):
+    """Normalise over the last axis, then scale and shift:
+
+        xhat = (x - mean) * rstd,  rstd = 1 / sqrt(var + eps),  out = xhat * weight + bias
+        dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),  dxhat = g * weight
+        dweight = sum(g * xhat),  dbias = sum(g)   (sums over all rows)
+
+    Saves x, weight and the per-row mean and rstd (as PyTorch does); xhat is
+    recomputed in backward instead of being kept (one array, not two).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps=1e-5):
+        if weight.shape != x.shape[-1:]:
+            raise ValueError(
+                f"layer_norm: weight of shape {tuple(weight.shape)} does not match the last "
+                f"axis of the input, shape {tuple(x.shape)}"
+            )
+        xp = array_module(x)
+        mean = x.mean(axis=-1, keepdims=True)
+        xhat = x - mean
+        var = (xhat * xhat).mean(axis=-1, keepdims=True)
+        rstd = 1 / xp.sqrt(var + eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        xhat *= rstd
+        xhat *= weight
+        xhat += bias
+        return xhat
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, mean, rstd = ctx.saved_arrays
+        xhat = (x - mean) * rstd
+        dxhat = g * weight
+        dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
+        dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+        dx *= rstd
+        rows = g.reshape(-1, g.shape[-1])
+        dweight = (rows * xhat.reshape(rows.shape)).sum(axis=0)
+        dbias = rows.sum(axis=0)
+        return dx, dweight, dbias
+
+
+class CrossEntropy(Function):
+    """loss = -log softmax(logits)[target], averaged over the targets that count.
+
+        dlogits = (softmax(logits) - onehot(target)) * g / count   (zero on ignored rows)
+
+    logits: (N, C); targets: (N,) integers, `ignore_index` marks rows that do
+    not count (padding). reduction 'mean' divides by the number of counted
+    rows, 'sum' does not. Fusing log-softmax with the loss means one saved
+    (N, C) array, the log-probabilities, plus the targets.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index=-100, reduction="mean"):
+        xp = array_module(logits, targets)
+        n, classes = logits.shape
+        if targets.shape != (n,):
+            raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {(n, classes)}")
+        valid = targets != ignore_index
+        if backend.device_of(targets) == "cpu":  # on a GPU this check would wait for the device
+            bad = targets[valid & ((targets < 0) | (targets >= classes))]
+            if bad.size:
+                raise ValueError(
+                    f"cross_entropy: target {int(bad[0])} is out of range for {classes} classes "
+                    f"(use 0..{classes - 1}, or {ignore_index} to ignore a position)"
+                )
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        logp = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        safe = xp.where(valid, targets, 0)
+        picked = logp[xp.arange(n), safe] * valid
+        ctx.reduction = reduction
+        ctx.save_for_backward(logp, safe, valid)
+        if reduction == "sum":
+            return -picked.sum()
+        if reduction == "mean":
+            return -picked.sum() / valid.sum(dtype=logits.dtype)  # count in our dtype: no float64 upcast
+        raise ValueError(f"cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
+
+    @staticmethod
+    def backward(ctx, g):
+        logp, safe, valid = ctx.saved_arrays
+        xp = array_module(logp)
+        grad = xp.exp(logp)
+        grad[xp.arange(len(safe)), safe] -= 1
+        scale = g / valid.sum(dtype=g.dtype) if ctx.reduction == "mean" else g
+        grad *= (valid * scale)[:, None]
+        return grad
+
+
+class Dropout(Function):
+    """out = x * keep / (1 - p);  dx = g * keep / (1 - p).
+
+    `keep` is a boolean mask drawn by the caller (functional.dropout), so the
+    op itself is deterministic and a checkpoint can replay it. Saves the mask,
+    1 byte per element, as Korthikanti et al. count it.
+    """
+
+    @staticmethod
+    def forward(ctx, x, keep, p):
+        ctx.scale = 1.0 / (1.0 - p)
+        ctx.save_for_backward(keep)
+        out = x * keep
+        out *= x.dtype.type(ctx.scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (keep,) = ctx.saved_arrays
+        dx = g * keep
+        dx *= g.dtype.type(ctx.scale)
+        return dx

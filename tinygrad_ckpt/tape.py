@@ -1,0 +1,197 @@
+"""The tape: a list of op records in forward order, walked in reverse by backward.
+
+While gradients are recorded, every differentiable op appends one `Node` to
+the active tape: the op, its input tensors, its outputs and the arrays it
+saved for backward. `loss.backward()` walks that list from the end, hands
+each record the gradient of its outputs, and adds the gradients it returns
+into its inputs (added, never assigned: a tensor used twice gets both).
+Each record drops its saved arrays as soon as its backward has run.
+
+    >>> x = Tensor([1.0, 2.0], requires_grad=True)
+    >>> y = (x + x) * x
+    >>> print(active())          # the records, oldest first
+
+Lifetime, decided on purpose: the tape holds its records by *weak*
+reference, and a record is owned by the tensors it produced. A record lives
+exactly as long as some tensor computed from it, as PyTorch's graph does, so
+a forward that is never backpropagated (an evaluation loop with gradients on,
+a loss that is dropped) frees itself; nothing piles up on the tape.
+
+Tapes nest. `no_grad()` makes "no tape" active (nothing is recorded);
+`recording(Tape())` makes a fresh tape active, which is how a checkpoint
+segment re-runs its forward on a short-lived tape during backward.
+
+What does not live here: how an op is written (function.py), checkpointing
+(checkpoint.py).
+"""
+
+import weakref
+from contextlib import contextmanager
+
+from . import backend, memory
+
+
+class Node:
+    """One record on the tape: one op run, with what its backward needs."""
+
+    __slots__ = ("op", "ctx", "inputs", "outputs", "shapes", "dtypes", "tape", "index", "__weakref__")
+
+    def __init__(self, op, ctx, inputs, outputs):
+        self.op = op  # the Function subclass; its backward is op.backward
+        self.ctx = ctx
+        self.inputs = inputs  # strong: backward hands gradients to them
+        # Weak: the outputs own this record, not the other way round.
+        self.outputs = tuple(weakref.ref(t) for t in outputs)
+        self.shapes = tuple(t.shape for t in outputs)
+        self.dtypes = tuple(t.dtype for t in outputs)
+        for t in outputs:
+            t._node = self
+
+    @property
+    def name(self):
+        return self.op.__name__
+
+    @property
+    def freed(self):
+        return self.ctx.saved_arrays is None
+
+    def __repr__(self):
+        shapes = ", ".join(str(s) for s in self.shapes)
+        saved = "freed" if self.freed else f"saved {memory.format_bytes(self.ctx.saved_nbytes)}"
+        return f"#{self.index:<3} {self.name:<16} -> {shapes:<18} {saved}"
+
+
+class Tape:
+    """Records in forward order (held weakly; see the module docstring)."""
+
+    def __init__(self):
+        self.records = []  # weakref.ref(Node), oldest first
+        self.count = 0  # records ever appended, to number them
+        self._next_prune = 1024
+
+    def append(self, node):
+        node.tape, node.index = self, self.count
+        self.count += 1
+        self.records.append(weakref.ref(node))
+        if len(self.records) >= self._next_prune:  # forget dead references now and then
+            self.records = [r for r in self.records if r() is not None]
+            self._next_prune = 2 * len(self.records) + 1024
+
+    def run(self, op, ctx, arrays, options):
+        """Run one op's forward. A checkpoint policy's tape overrides this."""
+        return op.forward(ctx, *arrays, **options)
+
+    def nodes(self):
+        """The live records, oldest first."""
+        return [n for n in (r() for r in self.records) if n is not None]
+
+    def __len__(self):
+        return len(self.nodes())
+
+    def __repr__(self):
+        nodes = self.nodes()
+        saved = sum(n.ctx.saved_nbytes for n in nodes if not n.freed)
+        lines = [f"Tape: {len(nodes)} records, {memory.format_bytes(saved)} saved for backward"]
+        lines += ["  " + repr(n) for n in nodes]
+        return "\n".join(lines)
+
+    def backward(self, tensors, grads, retain_graph=False):
+        """Reverse-mode sweep: add d(tensors)/d(leaf) * grads into every leaf's .grad."""
+        pending = {}  # id(tensor) -> (tensor, gradient array) not yet handed to its record
+        seen = {id(g) for g in grads}  # ids of gradient arrays placed somewhere: never written in place
+        for t, g in zip(tensors, grads):
+            _deliver(t, g, pending, seen)
+        with memory.phase("backward" if memory.tracker.phase != "recompute" else "recompute"):
+            for ref in reversed(self.records):
+                node = ref()
+                if node is None:
+                    continue
+                outs = [o() for o in node.outputs]
+                out_grads = [pending.pop(id(o), (None, None))[1] if o is not None else None for o in outs]
+                if all(g is None for g in out_grads):
+                    continue  # this record does not lead to what we differentiate
+                if node.freed:
+                    _raise_freed(node)
+                out_grads = [g if g is not None else _zeros(node, i) for i, g in enumerate(out_grads)]
+                in_grads = node.op.backward(node.ctx, *out_grads)
+                if not isinstance(in_grads, tuple):
+                    in_grads = (in_grads,)
+                if not retain_graph:
+                    node.ctx.free()
+                for t, g in zip(node.inputs, in_grads):
+                    if g is not None and t.requires_grad:
+                        _deliver(t, backend.as_array(g), pending, seen)
+                memory.tracker.event(node.name)
+        for t, _ in pending.values():  # a gradient that found no live record to go to
+            if t._node.freed:
+                _raise_freed(t._node)
+        if not retain_graph:  # freed records will never be walked again
+            self.records = [r for r in self.records if r() is not None and not r().freed]
+
+
+def _raise_freed(node):
+    raise RuntimeError(
+        f"backward through {node.name} a second time: its saved arrays were freed by "
+        "the first backward. Pass retain_graph=True to the first backward() if you "
+        "need to backpropagate twice."
+    )
+
+
+def _deliver(t, g, pending, seen):
+    """Add gradient `g` into tensor `t`: its .grad if a leaf, else its pending sum."""
+    if t._node is None:  # a leaf: accumulate into .grad, as PyTorch does
+        if t.grad is None:
+            # Take `g` as the new .grad only if nothing else refers to it (it is
+            # not a view, and no other tensor got it); else copy, so that a later
+            # in-place update of one .grad can never change another.
+            owned = g if (g.base is None and id(g) not in seen) else g.copy()
+            t.grad = t.__class__(owned)
+            memory.track(owned, "gradients")
+        else:
+            t.grad.data += g
+        seen.add(id(g))
+    else:
+        entry = pending.get(id(t))
+        total = g if entry is None else entry[1] + g  # out of place: g may be shared
+        memory.track(total)
+        pending[id(t)] = (t, total)
+        seen.add(id(total))
+
+
+def _zeros(node, i):
+    """The gradient of an output nobody used: zeros of its shape."""
+    xp = backend.array_module(*(t.data for t in node.inputs))
+    return xp.zeros(node.shapes[i], dtype=node.dtypes[i])
+
+
+# -- which tape is active -----------------------------------------------------
+_stack = [Tape()]  # the default tape at the bottom; None on top means no_grad
+
+
+def active():
+    """The tape ops record onto now, or None under no_grad()."""
+    return _stack[-1]
+
+
+def is_grad_enabled():
+    return _stack[-1] is not None
+
+
+@contextmanager
+def recording(tape):
+    """Record onto `tape` (or nothing, if None) inside the block."""
+    _stack.append(tape)
+    try:
+        yield tape
+    finally:
+        _stack.pop()
+
+
+def no_grad():
+    """Run without recording: no records, nothing saved for backward."""
+    return recording(None)
+
+
+def enable_grad():
+    """Record again inside a no_grad() block, onto the default tape."""
+    return recording(_stack[0])

@@ -1,0 +1,376 @@
+"""Tensor: an array, its gradient, and the record of the op that made it.
+
+Names and meanings follow PyTorch: `.data` is the backend array (NumPy or
+CuPy), `.grad` a Tensor or None, `.requires_grad`, `.shape`, `.dtype`,
+`.device`, `.numpy()`, `.item()`, `.detach()`, `.to(...)`, and
+`backward()`. The arithmetic methods are sugar: each calls one op's `apply`
+(ops/), so everything differentiable happens in the ops, and here there is
+only plumbing.
+
+In-place methods (`add_`, `mul_`, `copy_`, `zero_`, ...) change `.data` and
+bump `_version`, the counter a checkpoint segment checks to detect an input
+that was modified between its forward and its backward (as PyTorch does).
+
+What does not live here: derivatives (ops/), the backward walk (tape.py).
+"""
+
+import numpy
+
+from . import backend, memory, tape
+from .ops import elementwise, matmul, movement, nn, reduce
+
+_FLOAT_DEFAULT = numpy.float32
+
+
+class Tensor:
+    __slots__ = ("data", "grad", "requires_grad", "_node", "_version", "__weakref__")
+
+    def __init__(self, data, requires_grad=False, dtype=None, device=None):
+        if isinstance(data, Tensor):
+            data = data.data
+        if not _is_backend_array(data):
+            python_values = not hasattr(data, "dtype")
+            data = numpy.asarray(data)
+            if dtype is None and python_values and data.dtype.kind == "f":
+                dtype = _FLOAT_DEFAULT  # Python floats become float32, as in PyTorch
+        if dtype is not None and data.dtype != numpy.dtype(dtype):
+            data = data.astype(dtype)
+        if device is not None:
+            data = backend.to_device(data, device)
+        if requires_grad and data.dtype.kind != "f":
+            raise TypeError(
+                f"only floating-point tensors can require grad, got dtype {data.dtype}; "
+                "pass dtype=numpy.float32 (or float64)"
+            )
+        self.data = data
+        self.grad = None
+        self.requires_grad = requires_grad
+        self._node = None  # the tape record that produced this tensor; None for a leaf
+        self._version = 0
+        memory.track(data)
+
+    # -- what it is ----------------------------------------------------------
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    @property
+    def device(self):
+        return backend.device_of(self.data)
+
+    @property
+    def is_leaf(self):
+        return self._node is None
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self):
+        return int(self.data.size)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        node = f", grad_fn={self._node.name}" if self._node is not None else ""
+        dev = "" if self.device == "cpu" else f", device='{self.device}'"
+        return f"Tensor({backend.to_host(self.data)!r}{dev}{grad}{node})"
+
+    # -- moving and converting ---------------------------------------------
+    def numpy(self):
+        """A host NumPy array (a copy if the tensor is on the GPU)."""
+        return backend.to_host(self.data)
+
+    def item(self):
+        if self.data.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return backend.to_host(self.data).item()
+
+    def tolist(self):
+        return backend.to_host(self.data).tolist()
+
+    def detach(self):
+        """The same array, cut from the tape (shares memory, as in PyTorch)."""
+        return Tensor(self.data)
+
+    def to(self, device=None, dtype=None):
+        """A copy on another device and/or dtype (self if nothing changes)."""
+        if isinstance(device, (type, numpy.dtype)):
+            device, dtype = None, device
+        if (device is None or device == self.device) and (dtype is None or numpy.dtype(dtype) == self.dtype):
+            return self
+        if dtype is not None and numpy.dtype(dtype) != self.dtype:
+            out = elementwise.Cast.apply(self, dtype=numpy.dtype(dtype))
+        else:
+            out = self
+        if device is not None and device != out.device:
+            out = movement.ToDevice.apply(out, device=device)
+        return out
+
+    def float(self):
+        return self.to(dtype=numpy.float32)
+
+    def double(self):
+        return self.to(dtype=numpy.float64)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self):
+        return self.to("cuda")
+
+    # -- gradients -------------------------------------------------------------
+    def backward(self, gradient=None, retain_graph=False):
+        """Add d(self)/d(leaf) into every leaf's .grad (PyTorch semantics)."""
+        if not self.requires_grad:
+            raise RuntimeError(
+                "backward() on a tensor that does not require grad: no input of the "
+                "computation had requires_grad=True (or it ran under no_grad())"
+            )
+        if gradient is None:
+            if self.data.size != 1:
+                raise RuntimeError(
+                    f"backward() on a tensor of shape {self.shape} needs a gradient argument "
+                    "of the same shape; implicit gradients exist only for scalar outputs "
+                    "(reduce with .sum() or .mean() first)"
+                )
+            grad = backend.array_module(self.data).ones(self.shape, dtype=self.dtype)
+        else:
+            grad = gradient.data if isinstance(gradient, Tensor) else gradient
+            if tuple(grad.shape) != self.shape:
+                raise ValueError(f"backward(): gradient has shape {tuple(grad.shape)}, expected {self.shape}")
+        owner = self._node.tape if self._node is not None else tape.Tape()
+        owner.backward([self], [grad], retain_graph=retain_graph)
+
+    # -- in place (bumps the version counter) ---------------------------------
+    def _bump(self):
+        self._version += 1
+        return self
+
+    def zero_(self):
+        self.data[...] = 0
+        return self._bump()
+
+    def fill_(self, value):
+        self.data[...] = value
+        return self._bump()
+
+    def copy_(self, src):
+        self.data[...] = src.data if isinstance(src, Tensor) else src
+        return self._bump()
+
+    def add_(self, other, alpha=1.0):
+        other = other.data if isinstance(other, Tensor) else other
+        if alpha == 1.0:
+            self.data += other
+        else:
+            self.data += alpha * other
+        return self._bump()
+
+    def sub_(self, other, alpha=1.0):
+        return self.add_(other, alpha=-alpha)
+
+    def mul_(self, other):
+        self.data *= other.data if isinstance(other, Tensor) else other
+        return self._bump()
+
+    # -- arithmetic (each line is one op) ---------------------------------------
+    def _lift(self, x):
+        """A Python number or array as a constant tensor of our dtype and device."""
+        if isinstance(x, Tensor):
+            return x
+        xp = backend.array_module(self.data)
+        return Tensor(xp.asarray(x, dtype=self.dtype))
+
+    def __add__(self, other):
+        return elementwise.Add.apply(self, self._lift(other))
+
+    def __radd__(self, other):
+        return elementwise.Add.apply(self._lift(other), self)
+
+    def __sub__(self, other):
+        return elementwise.Sub.apply(self, self._lift(other))
+
+    def __rsub__(self, other):
+        return elementwise.Sub.apply(self._lift(other), self)
+
+    def __mul__(self, other):
+        return elementwise.Mul.apply(self, self._lift(other))
+
+    def __rmul__(self, other):
+        return elementwise.Mul.apply(self._lift(other), self)
+
+    def __truediv__(self, other):
+        return elementwise.Div.apply(self, self._lift(other))
+
+    def __rtruediv__(self, other):
+        return elementwise.Div.apply(self._lift(other), self)
+
+    def __pow__(self, exponent):
+        if isinstance(exponent, Tensor):
+            return elementwise.Pow.apply(self, exponent)
+        return elementwise.PowScalar.apply(self, exponent=exponent)
+
+    def __rpow__(self, base):
+        return elementwise.Pow.apply(self._lift(base), self)
+
+    def __neg__(self):
+        return elementwise.Neg.apply(self)
+
+    def __matmul__(self, other):
+        return _matmul(self, self._lift(other))
+
+    def __rmatmul__(self, other):
+        return _matmul(self._lift(other), self)
+
+    # Comparisons give boolean tensors (no gradient), as in PyTorch.
+    def __lt__(self, other):
+        return Tensor(self.data < _raw(other))
+
+    def __le__(self, other):
+        return Tensor(self.data <= _raw(other))
+
+    def __gt__(self, other):
+        return Tensor(self.data > _raw(other))
+
+    def __ge__(self, other):
+        return Tensor(self.data >= _raw(other))
+
+    def exp(self):
+        return elementwise.Exp.apply(self)
+
+    def log(self):
+        return elementwise.Log.apply(self)
+
+    def tanh(self):
+        return elementwise.Tanh.apply(self)
+
+    def sigmoid(self):
+        return elementwise.Sigmoid.apply(self)
+
+    def relu(self):
+        return elementwise.ReLU.apply(self)
+
+    def gelu(self):
+        return elementwise.GELU.apply(self)
+
+    def sqrt(self):
+        return elementwise.PowScalar.apply(self, exponent=0.5)
+
+    def masked_fill(self, mask, value):
+        """`value` where the boolean `mask` is True, self elsewhere."""
+        return elementwise.Where.apply(self._lift(value), self, condition=_raw(mask))
+
+    # -- reductions --------------------------------------------------------
+    def sum(self, axis=None, keepdims=False):
+        return reduce.Sum.apply(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return reduce.Mean.apply(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return reduce.Max.apply(self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis=None):
+        return Tensor(self.data.argmax(axis=axis))
+
+    def softmax(self, axis=-1):
+        return nn.Softmax.apply(self, axis=axis)
+
+    def log_softmax(self, axis=-1):
+        return nn.LogSoftmax.apply(self, axis=axis)
+
+    # -- movement ------------------------------------------------------------
+    def reshape(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return movement.Reshape.apply(self, shape=tuple(shape))
+
+    view = reshape
+
+    def permute(self, *axes):
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return movement.Permute.apply(self, axes=tuple(axes))
+
+    def transpose(self, dim0=-2, dim1=-1):
+        axes = list(range(self.ndim))
+        axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
+        return movement.Permute.apply(self, axes=tuple(axes))
+
+    @property
+    def T(self):
+        return movement.Permute.apply(self, axes=tuple(reversed(range(self.ndim))))
+
+    def __getitem__(self, index):
+        return movement.GetItem.apply(self, index=_raw_index(index))
+
+
+def _matmul(a, b):
+    """NumPy's matmul rules: 1-D operands get a unit dimension, removed after."""
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: both operands need at least 1 dimension, got shapes {a.shape} and {b.shape}")
+    out = matmul.MatMul.apply(a.reshape(1, -1) if a.ndim == 1 else a, b.reshape(-1, 1) if b.ndim == 1 else b)
+    if a.ndim == 1 and b.ndim == 1:
+        return out.reshape(())
+    if a.ndim == 1:
+        return out.reshape(out.shape[:-2] + out.shape[-1:])  # (..., 1, m) -> (..., m)
+    if b.ndim == 1:
+        return out.reshape(out.shape[:-1])  # (..., n, 1) -> (..., n)
+    return out
+
+
+def _is_backend_array(x):
+    try:
+        backend.device_of(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _raw(x):
+    return x.data if isinstance(x, Tensor) else x
+
+
+def _raw_index(index):
+    """Tensors inside an index become their (integer) arrays."""
+    if isinstance(index, tuple):
+        return tuple(_raw(i) for i in index)
+    return _raw(index)
+
+
+# -- constructors --------------------------------------------------------------
+def tensor(data, requires_grad=False, dtype=None, device=None):
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
+
+
+def zeros(*shape, dtype=_FLOAT_DEFAULT, device="cpu", requires_grad=False):
+    shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    xp = backend.module_for(device)
+    return Tensor(xp.zeros(shape, dtype=dtype), requires_grad=requires_grad)
+
+
+def ones(*shape, dtype=_FLOAT_DEFAULT, device="cpu", requires_grad=False):
+    shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    xp = backend.module_for(device)
+    return Tensor(xp.ones(shape, dtype=dtype), requires_grad=requires_grad)
+
+
+def randn(*shape, rng, dtype=_FLOAT_DEFAULT, device="cpu", requires_grad=False):
+    """Standard normal values from an explicit numpy.random.Generator.
+
+    Values are drawn on the host and copied once to `device`, so the same seed
+    gives the same tensor on CPU and GPU.
+    """
+    if not isinstance(rng, numpy.random.Generator):
+        raise TypeError(f"randn needs rng=numpy.random.default_rng(seed), got {type(rng).__name__}")
+    shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    host = rng.standard_normal(shape, dtype=numpy.float64).astype(dtype)
+    return Tensor(host, requires_grad=requires_grad, device=device)
