@@ -145,7 +145,9 @@ def _deliver(t, g, pending, seen):
             # not a view, and no other tensor got it); else copy, so that a later
             # in-place update of one .grad can never change another.
             owned = g if (g.base is None and id(g) not in seen) else g.copy()
-            t.grad = t.__class__(owned)
+            from .tensor import Tensor  # imported here: tensor.py imports this module
+
+            t.grad = Tensor(owned)  # a plain Tensor even for a Parameter, as in PyTorch
             memory.track(owned, "gradients")
         else:
             t.grad.data += g

@@ -1,0 +1,247 @@
+"""The layers: Linear, Embedding, LayerNorm, BatchNorm1d, Dropout, activations, containers.
+
+Each layer owns its Parameters, draws their initial values from an explicit
+numpy Generator (`rng`; the package's default generator when None, see
+random.py), and calls one function of F in `forward`. Values are drawn on the
+host in float64 and then cast and copied to the device, so the same seed
+gives the same model in float32 and float64, on CPU and GPU.
+
+Initialisation follows PyTorch unless `init_std` is given: Linear is
+U(-1/sqrt(in_features), 1/sqrt(in_features)) for weight and bias, Embedding
+is N(0, 1). With `init_std`, weights are N(0, init_std^2) and biases zero
+(GPT-2's scheme, used by transformer.py).
+
+What does not live here: Module and Parameter (module.py), the models
+(mlp.py, transformer.py), the ops the layers call (ops/, functional.py).
+"""
+
+import math
+
+import numpy
+
+from .. import backend
+from .. import functional as F
+from .. import random
+from ..tensor import Tensor
+from .module import Module, Parameter
+
+
+def _uniform(rng, shape, bound, dtype, device):
+    return Parameter(rng.uniform(-bound, bound, size=shape), dtype=dtype, device=device)
+
+
+def _normal(rng, shape, std, dtype, device):
+    return Parameter(rng.standard_normal(shape) * std, dtype=dtype, device=device)
+
+
+def _constant(value, shape, dtype, device):
+    return Parameter(numpy.full(shape, value, dtype=dtype), device=device)
+
+
+class Linear(Module):
+    """y = x @ weight.T + bias, weight of shape (out_features, in_features) as in PyTorch."""
+
+    def __init__(self, in_features, out_features, bias=True, dtype=numpy.float32, device="cpu", rng=None, init_std=None):
+        super().__init__()
+        rng = random.generator(rng)
+        self.in_features, self.out_features = in_features, out_features
+        if init_std is None:  # PyTorch's default
+            bound = 1 / math.sqrt(in_features)
+            self.weight = _uniform(rng, (out_features, in_features), bound, dtype, device)
+            self.bias = _uniform(rng, (out_features,), bound, dtype, device) if bias else None
+        else:
+            self.weight = _normal(rng, (out_features, in_features), init_std, dtype, device)
+            self.bias = _constant(0.0, (out_features,), dtype, device) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Embedding(Module):
+    """A lookup table: row i of weight (num_embeddings, embedding_dim) for each index i."""
+
+    def __init__(self, num_embeddings, embedding_dim, dtype=numpy.float32, device="cpu", rng=None, init_std=None):
+        super().__init__()
+        rng = random.generator(rng)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        std = 1.0 if init_std is None else init_std  # PyTorch draws N(0, 1)
+        self.weight = _normal(rng, (num_embeddings, embedding_dim), std, dtype, device)
+
+    def forward(self, indices):
+        """indices: integers of any shape (Tensor or array) -> (*indices.shape, embedding_dim)."""
+        indices = indices.data if isinstance(indices, Tensor) else indices
+        indices = indices if hasattr(indices, "dtype") else numpy.asarray(indices)
+        if indices.dtype.kind not in "iu":
+            raise TypeError(f"Embedding: indices must be integers, got dtype {indices.dtype}")
+        if backend.device_of(indices) == "cpu" and indices.size and (indices.min() < 0 or indices.max() >= self.num_embeddings):
+            bad = indices[(indices < 0) | (indices >= self.num_embeddings)][0]
+            raise ValueError(f"Embedding: index {int(bad)} is out of range for {self.num_embeddings} embeddings (use 0..{self.num_embeddings - 1})")
+        # The indices go to the table's device: one explicit copy of a small integer array.
+        return F.embedding(backend.to_device(indices, self.weight.device), self.weight)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class LayerNorm(Module):
+    """Normalise each row over its last axis, then scale by weight and shift by bias."""
+
+    def __init__(self, normalized_shape, eps=1e-5, bias=True, dtype=numpy.float32, device="cpu"):
+        super().__init__()
+        self.normalized_shape, self.eps = normalized_shape, eps
+        self.weight = _constant(1.0, (normalized_shape,), dtype, device)
+        self.bias = _constant(0.0, (normalized_shape,), dtype, device) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class BatchNorm1d(Module):
+    """Normalise each channel over the batch (and length) axes; input (N, C) or (N, C, L).
+
+    Training: normalise with the batch's mean and (biased) variance, and move
+    the running statistics towards them:
+        running = (1 - momentum) * running + momentum * batch statistic
+    (the running variance takes the unbiased batch variance, as in PyTorch).
+    Evaluation: normalise with the running statistics.
+
+    Composed from elementwise and reduce ops, so its backward comes for free;
+    it saves more than a fused op would, which is fine for a layer the
+    reference workloads do not use.
+    """
+
+    _buffers = ("running_mean", "running_var")
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype=numpy.float32, device="cpu"):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = _constant(1.0, (num_features,), dtype, device) if affine else None
+        self.bias = _constant(0.0, (num_features,), dtype, device) if affine else None
+        self.running_mean = Tensor(numpy.zeros(num_features, dtype=dtype), device=device)
+        self.running_var = Tensor(numpy.ones(num_features, dtype=dtype), device=device)
+
+    def forward(self, x):
+        C = self.num_features
+        if x.ndim not in (2, 3) or x.shape[1] != C:
+            raise ValueError(f"BatchNorm1d({C}) expects input (N, {C}) or (N, {C}, L), got shape {x.shape}")
+        axes = (0,) if x.ndim == 2 else (0, 2)  # every axis but the channels
+        shape = (1, C) if x.ndim == 2 else (1, C, 1)  # a per-channel value, broadcastable to x
+        if self.training:
+            n = x.numel() // C  # values per channel
+            if n < 2:
+                raise ValueError(f"BatchNorm1d needs more than one value per channel in training mode, got input shape {x.shape}")
+            mean = x.mean(axis=axes, keepdims=True)  # (1, C[, 1])
+            centered = x - mean
+            var = (centered * centered).mean(axis=axes, keepdims=True)  # biased: what we normalise with
+            self._update_running_stats(mean.data.reshape(C), var.data.reshape(C) * (n / (n - 1)))
+        else:
+            centered = x - Tensor(self.running_mean.data.reshape(shape))
+            var = Tensor(self.running_var.data.reshape(shape))
+        out = centered / (var + self.eps).sqrt()
+        if self.weight is not None:
+            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return out
+
+    def _update_running_stats(self, mean, var):
+        """running = (1 - momentum) * running + momentum * batch, in place (mean, var: arrays (C,))."""
+        m = self.momentum
+        self.running_mean.mul_(1 - m).add_(mean, alpha=m)
+        self.running_var.mul_(1 - m).add_(var, alpha=m)
+
+    def extra_repr(self):
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class Dropout(Module):
+    """Zero each element with probability p in training mode (scaling the rest by 1/(1-p)).
+
+    The mask is drawn from `rng` (the default generator when None); in
+    evaluation mode this is the identity.
+    """
+
+    def __init__(self, p=0.5, rng=None):
+        super().__init__()
+        if not 0 <= p < 1:
+            raise ValueError(f"Dropout probability must be in [0, 1), got {p}")
+        self.p, self.rng = p, rng
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training, self.rng)
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class GELU(Module):
+    """GELU, tanh approximation (as GPT-2)."""
+
+    def forward(self, x):
+        return F.gelu(x)
+
+
+class Tanh(Module):
+    def forward(self, x):
+        return F.tanh(x)
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return F.relu(x)
+
+
+# -- containers ----------------------------------------------------------------
+class ModuleList(Module):
+    """A list of modules whose parameters are found; children are named "0", "1", ..."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        self.layers = []
+        for module in modules:
+            self.append(module)
+
+    def append(self, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__} holds Modules, got {type(module).__name__}")
+        self.layers.append(module)
+        return self
+
+    def named_children(self):
+        for i, module in enumerate(self.layers):
+            yield str(i), module
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return ModuleList(self.layers[index])
+        return self.layers[index]
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def __len__(self):
+        return len(self.layers)
+
+    def forward(self, *args):
+        raise NotImplementedError("ModuleList has no forward: iterate over it, or use Sequential")
+
+
+class Sequential(ModuleList):
+    """Modules applied one after the other: forward(x) = m_n(...m_1(x))."""
+
+    def __init__(self, *modules):
+        super().__init__(modules)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return Sequential(*self.layers[index])
+        return self.layers[index]
+
+    def forward(self, x):
+        for module in self.layers:
+            x = module(x)
+        return x
