@@ -1,0 +1,118 @@
+"""The embedded text, the character tokenizer, splitting, examples, order and batching."""
+
+import numpy
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinygrad_ckpt import data
+
+
+def test_embedded_text_is_shipped_and_is_english():
+    text = data.load_text()
+    assert len(text) > 300_000  # "a few hundred KB"
+    assert "Macbeth" in text and "Prospero" in text.title()
+    assert data.DEFAULT_TEXT.with_name("README.md").exists()  # its source and licence
+
+
+@given(st.text(min_size=1, max_size=50))
+def test_tokenizer_round_trip(text):
+    tok = data.CharTokenizer.from_text(text)
+    ids = tok.encode(text)
+    assert ids.dtype == numpy.int64 and ids.min() >= 0 and ids.max() < tok.vocab_size
+    assert tok.decode(ids) == text
+    again = data.CharTokenizer.from_state_dict(tok.state_dict())
+    assert again.chars == tok.chars and again.decode(ids) == text
+
+
+def test_tokenizer_names_unknown_characters():
+    tok = data.CharTokenizer.from_text("abc")
+    with pytest.raises(ValueError, match="'z'"):
+        tok.encode("abz")
+
+
+def test_split_is_contiguous_and_complete():
+    ids = numpy.arange(100)
+    train, val = data.train_val_split(ids, 0.1)
+    assert len(train) == 90 and len(val) == 10
+    assert numpy.array_equal(numpy.concatenate([train, val]), ids)
+
+
+@given(n=st.integers(5, 200), T=st.integers(1, 8), stride=st.integers(1, 9))
+def test_examples_are_windows_with_next_token_labels(n, T, stride):
+    ids = numpy.arange(n) * 3  # distinct values, so a wrong offset shows
+    if n < T + 1:
+        with pytest.raises(ValueError, match="block"):
+            data.CharDataset(ids, T, stride)
+        return
+    ds = data.CharDataset(ids, T, stride)
+    for i in range(len(ds)):
+        ex = ds[i]
+        s = i * stride
+        assert numpy.array_equal(ex["input_ids"], ids[s : s + T])
+        assert numpy.array_equal(ex["labels"], ids[s + 1 : s + T + 1])
+    # len() is the number of windows that fit, and no more
+    last = (len(ds) - 1) * stride
+    assert last + T + 1 <= n < last + stride + T + 1
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_epoch_order_depends_on_seed_and_epoch_only():
+    a = data.epoch_order(50, seed=3, epoch=0)
+    assert sorted(a) == list(range(50))
+    assert numpy.array_equal(a, data.epoch_order(50, seed=3, epoch=0))
+    assert not numpy.array_equal(a, data.epoch_order(50, seed=4, epoch=0))
+    assert not numpy.array_equal(a, data.epoch_order(50, seed=3, epoch=1))
+
+
+def test_collate_pads_inputs_and_ignores_padded_labels():
+    batch = data.collate([
+        {"input_ids": numpy.array([1, 2, 3]), "labels": numpy.array([2, 3, 4])},
+        {"input_ids": numpy.array([5]), "labels": numpy.array([6])},
+    ])
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [5, 0, 0]]
+    assert batch["labels"].tolist() == [[2, 3, 4], [6, -100, -100]]
+
+
+def test_collate_errors():
+    with pytest.raises(ValueError, match="no examples"):
+        data.collate([])
+    with pytest.raises(KeyError, match="labels"):
+        data.collate([{"input_ids": numpy.array([1])}])
+    with pytest.raises(ValueError, match="labels has 1"):
+        data.collate([{"input_ids": numpy.array([1, 2]), "labels": numpy.array([1])}])
+
+
+def test_load_char_datasets_on_a_user_file(tmp_path):
+    path = tmp_path / "my.txt"
+    path.write_text("hello world, " * 40)
+    tok, train, val = data.load_char_datasets(path, block_size=8, val_fraction=0.25)
+    assert tok.decode(tok.encode("hello")) == "hello"
+    assert tok.vocab_size == len(set("hello world, "))
+    assert len(train) > 0 and len(val) > 0
+    ex = train[0]
+    assert tok.decode(ex["input_ids"]) == "hello wo" and tok.decode(ex["labels"]) == "ello wor"
+
+
+def test_user_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.load_char_datasets(tmp_path / "nope.txt")
+    with pytest.raises(IsADirectoryError, match="directory"):
+        data.load_char_datasets(tmp_path)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        data.load_char_datasets(empty)
+    short = tmp_path / "short.txt"
+    short.write_text("just a few words")
+    with pytest.raises(ValueError, match="fewer than one block of 64"):
+        data.load_char_datasets(short, block_size=64)
+    with pytest.raises(ValueError, match="validation part"):
+        data.load_char_datasets(short, block_size=8, val_fraction=0.1)
+    _, train, val = data.load_char_datasets(short, block_size=8, val_fraction=0)
+    assert val is None and len(train) == 1
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00abc")
+    with pytest.raises(ValueError, match="UTF-8"):
+        data.load_char_datasets(binary)

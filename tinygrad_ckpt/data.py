@@ -1,0 +1,213 @@
+"""The embedded data set, a character tokenizer, and batching.
+
+What lives here, in the order a training run uses it:
+
+    text = load_text(path)                  # the embedded plays, or your own file
+    tokenizer = CharTokenizer.from_text(text)
+    train_ids, val_ids = train_val_split(tokenizer.encode(text), 0.1)
+    train = CharDataset(train_ids, block_size=64)   # train[i] -> {"input_ids", "labels"}
+    order = epoch_order(len(train), seed=0, epoch=0)  # a permutation: the seed alone decides it
+    batch = collate([train[i] for i in order[:16]])  # {"input_ids": (16, 64), "labels": (16, 64)}
+
+`load_char_datasets(...)` does the first four lines at once, with clear
+errors for a missing, empty or too-short file.
+
+The default text (`assets/shakespeare.txt`, 390 KB, four plays; see
+`assets/README.md` for its source and licence) ships inside the package, so
+training needs no network.
+
+A data set here is any sequence of examples, each a dict of integer arrays
+`input_ids` (T,) and `labels` (T,), as in Hugging Face. `labels[t]` is the
+token that should follow `input_ids[:t+1]`; a label of -100 (`IGNORE_INDEX`)
+marks a position that does not count (padding), as `cross_entropy` expects.
+
+What does not live here: the training loop and the grouping of micro-batches
+into optimizer steps (train.py), the gradient accumulation (accumulate.py).
+"""
+
+from pathlib import Path
+
+import numpy
+
+DEFAULT_TEXT = Path(__file__).with_name("assets") / "shakespeare.txt"
+IGNORE_INDEX = -100  # the label that cross_entropy skips
+
+
+def load_text(path=None):
+    """The training text: the embedded plays when `path` is None, else the file at `path`."""
+    path = DEFAULT_TEXT if path is None else Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist; give --data the path of a text file")
+    if path.is_dir():
+        raise IsADirectoryError(f"data path {str(path)!r} is a directory; give --data the path of a text file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"data file {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text:
+        raise ValueError(f"data file {str(path)!r} is empty; a character model needs some text to learn from")
+    return text
+
+
+class CharTokenizer:
+    """One token per character; the vocabulary is the sorted set of characters in the text.
+
+    It must be saved with a checkpoint (`state_dict()`): token ids mean
+    nothing without it, and sampling needs it to turn ids back into text.
+    """
+
+    def __init__(self, chars):
+        self.chars = list(chars)  # id -> character
+        self.stoi = {c: i for i, c in enumerate(self.chars)}  # character -> id
+        if len(self.stoi) != len(self.chars):
+            raise ValueError("CharTokenizer: the vocabulary holds a character twice")
+
+    @classmethod
+    def from_text(cls, text):
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self):
+        return len(self.chars)
+
+    def encode(self, text):
+        """str -> int64 array of ids."""
+        unknown = set(text) - self.stoi.keys()
+        if unknown:
+            shown = ", ".join(repr(c) for c in sorted(unknown)[:10])
+            raise ValueError(
+                f"CharTokenizer.encode: {len(unknown)} character(s) not in the vocabulary: {shown}; "
+                "build the tokenizer from a text that contains them"
+            )
+        return numpy.array([self.stoi[c] for c in text], dtype=numpy.int64)
+
+    def decode(self, ids):
+        """ids (any integer sequence or array) -> str."""
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def state_dict(self):
+        """The vocabulary as an int32 array of Unicode code points (fits in an .npz)."""
+        return {"chars": numpy.array([ord(c) for c in self.chars], dtype=numpy.int32)}
+
+    @classmethod
+    def from_state_dict(cls, state):
+        return cls(chr(int(code)) for code in state["chars"])
+
+
+def train_val_split(ids, val_fraction=0.1):
+    """The first (1 - val_fraction) of the ids for training, the rest for validation.
+
+    A contiguous split (as nanoGPT's shakespeare_char does), not a random one:
+    overlapping windows on both sides of a random split would leak the
+    validation text into training.
+    """
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    n_train = len(ids) - int(round(len(ids) * val_fraction))
+    return ids[:n_train], ids[n_train:]
+
+
+class CharDataset:
+    """Windows of `block_size` tokens from one long id array, as examples.
+
+    Example i starts at i * stride: input_ids = ids[s : s+T], labels =
+    ids[s+1 : s+T+1] (each position's label is the next character). With the
+    default stride = block_size the windows do not overlap, so one epoch
+    reads each character once.
+    """
+
+    def __init__(self, ids, block_size, stride=None):
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        stride = block_size if stride is None else stride
+        if stride < 1:
+            raise ValueError(f"stride must be at least 1, got {stride}")
+        if len(ids) < block_size + 1:
+            raise ValueError(
+                f"the text has {len(ids)} tokens, but one example of block_size {block_size} needs "
+                f"{block_size + 1} (its inputs plus the next token); use a longer text or a smaller --block-size"
+            )
+        self.ids = numpy.asarray(ids, dtype=numpy.int64)
+        self.block_size = block_size
+        self.stride = stride
+
+    def __len__(self):
+        return (len(self.ids) - self.block_size - 1) // self.stride + 1
+
+    def __getitem__(self, i):
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"example {i} out of range for a data set of {len(self)} examples")
+        s = (i % len(self)) * self.stride
+        T = self.block_size
+        return {"input_ids": self.ids[s : s + T], "labels": self.ids[s + 1 : s + T + 1]}
+
+
+def load_char_datasets(path=None, block_size=64, val_fraction=0.1, stride=None):
+    """Read, tokenise and split a text: (tokenizer, train_dataset, val_dataset or None).
+
+    The vocabulary comes from the whole text, so the validation part never
+    holds a character the model cannot name. val_fraction=0 gives no
+    validation set.
+    """
+    where = "the embedded text" if path is None else f"{str(path)!r}"
+    text = load_text(path)
+    if len(text) < block_size + 1:
+        raise ValueError(
+            f"{where} has {len(text)} characters, fewer than one block of {block_size} plus the "
+            f"next character; use a longer text or --block-size {max(1, len(text) - 1)} or less"
+        )
+    tokenizer = CharTokenizer.from_text(text)
+    train_ids, val_ids = train_val_split(tokenizer.encode(text), val_fraction)
+    if len(train_ids) < block_size + 1:
+        raise ValueError(
+            f"the training part of {where} ({len(train_ids)} characters) is shorter than one block "
+            f"of {block_size} plus one; use a smaller --block-size or --val-fraction"
+        )
+    val = None
+    if val_fraction > 0:
+        if len(val_ids) < block_size + 1:
+            raise ValueError(
+                f"the validation part of {where} ({len(val_ids)} characters, {val_fraction:.0%} of it) "
+                f"is shorter than one block of {block_size} plus one; use a smaller --block-size, "
+                "a larger --val-fraction, or --val-fraction 0 for no validation"
+            )
+        val = CharDataset(val_ids, block_size, stride)
+    return tokenizer, CharDataset(train_ids, block_size, stride), val
+
+
+def epoch_order(n, seed, epoch):
+    """The order in which epoch `epoch` visits examples 0..n-1: a permutation.
+
+    It depends on (seed, epoch) and n only, never on the batch size or the
+    number of accumulation steps: two runs that split the same effective
+    batch differently see the same examples in each optimizer step. It is
+    recomputed from the seed, not drawn from a shared generator, so a resumed
+    run finds the same order without saving it.
+    """
+    return numpy.random.default_rng([seed, epoch]).permutation(n)
+
+
+def collate(examples, pad_id=0):
+    """A list of examples -> one batch: {"input_ids": (B, T), "labels": (B, T)}.
+
+    Examples of different lengths are padded on the right to the longest:
+    input_ids with `pad_id`, labels with IGNORE_INDEX, so padding never
+    counts in the loss or in the number of items.
+    """
+    if not examples:
+        raise ValueError("collate: no examples to put in a batch")
+    for i, ex in enumerate(examples):
+        if "input_ids" not in ex or "labels" not in ex:
+            raise KeyError(f"example {i} has keys {sorted(ex)}; each example needs 'input_ids' and 'labels'")
+        if len(ex["input_ids"]) != len(ex["labels"]):
+            raise ValueError(
+                f"example {i}: input_ids has {len(ex['input_ids'])} tokens but labels has {len(ex['labels'])}"
+            )
+    T = max(len(ex["input_ids"]) for ex in examples)
+    input_ids = numpy.full((len(examples), T), pad_id, dtype=numpy.int64)
+    labels = numpy.full((len(examples), T), IGNORE_INDEX, dtype=numpy.int64)
+    for b, ex in enumerate(examples):
+        n = len(ex["input_ids"])
+        input_ids[b, :n] = ex["input_ids"]
+        labels[b, :n] = ex["labels"]
+    return {"input_ids": input_ids, "labels": labels}
