@@ -89,7 +89,7 @@ class Function:
         tensors = tuple(Tensor(backend.as_array(o), requires_grad=requires_grad) for o in outs)
         if requires_grad:
             active.append(tape.Node(cls, ctx, inputs, tensors))
-        memory.tracker.event(op)
+        memory.tracker.event(op, inputs=arrays, outputs=outs)
         return tensors if isinstance(out, tuple) else tensors[0]
 
 

@@ -109,10 +109,19 @@ class MemoryTracker:
         self.peak_total = self.total()
         self.peak = dict(self.current)
 
-    def event(self, op, phase=None):
-        """Append a timeline point (only while a timeline is being recorded)."""
+    def event(self, op, phase=None, inputs=None, outputs=None):
+        """Append a timeline point (only while a timeline is being recorded).
+
+        An op's forward passes its input and output arrays: their shapes ride
+        along ("input_shapes", "output_shapes"), so a reader can count the op's
+        FLOPs (saved.py does, to price a recompute).
+        """
         if self.events is not None:
-            self.events.append({"op": op, "phase": phase or self.phase, **self.current})
+            event = {"op": op, "phase": phase or self.phase, **self.current}
+            if outputs is not None:
+                event["input_shapes"] = [tuple(a.shape) for a in inputs]
+                event["output_shapes"] = [tuple(o.shape) for o in outputs]
+            self.events.append(event)
 
 
 tracker = MemoryTracker()
@@ -124,6 +133,12 @@ def track(array, category=None):
 
 def release(array, category):
     tracker.release(array, category)
+
+
+def category(array):
+    """The category `array`'s buffer is counted under now (None if memory.py never saw it)."""
+    buf = tracker.buffers.get(id(backend.storage(array)))
+    return buf.category if buf is not None else None
 
 
 def current():
