@@ -17,6 +17,7 @@ import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor, memory
 from tinygrad_ckpt.accumulate import GradientAccumulator
 from tinygrad_ckpt.nn import Parameter
+from tinygrad_ckpt.optim import SGD, AdamW, clip_grad_norm_
 
 ATOL, RTOL = 1e-12, 1e-10
 V, C = 7, 5  # vocabulary, width
@@ -90,6 +91,45 @@ def test_accumulated_gradient_equals_full_batch_gradient(data, batch):
     acc.zero_grad()
     assert all(p.grad is None for p in params) and acc.items == 0
     assert all(not buf.any() for buf in acc.buffers)
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda params: SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01),
+    lambda params: AdamW(params, lr=0.01, weight_decay=0.1),
+], ids=["sgd", "adamw"])
+@given(data=st.data(), batch=padded_batches(max_examples=12))
+def test_parameters_after_several_steps_equal_the_big_batch_run(make_optimizer, data, batch):
+    """One epoch of optimizer steps, each over B*k examples; the last group may be short."""
+    input_ids, labels = batch
+    n = len(input_ids)
+    B = data.draw(st.integers(1, n), label="micro-batch size")
+    k = data.draw(st.integers(1, 4), label="gradient_accumulation_steps")
+
+    big = make_params()
+    opt = make_optimizer(big)
+    for lo in range(0, n, B * k):  # the big-batch run: one batch of B*k examples per step
+        sl = slice(lo, lo + B * k)
+        if (labels[sl] != -100).any():
+            loss_of(big, input_ids[sl], labels[sl], "mean").backward()
+            clip_grad_norm_(big, 1.0)
+            opt.step()
+        opt.zero_grad()
+
+    small = make_params()
+    opt = make_optimizer(small)
+    acc = GradientAccumulator(small, gradient_accumulation_steps=k)
+    starts = list(range(0, n, B))
+    for m, lo in enumerate(starts):  # micro-batches of B, forward then backward each
+        sl = slice(lo, lo + B)
+        loss_of(small, input_ids[sl], labels[sl], "sum").backward()
+        if acc.accumulate(int((labels[sl] != -100).sum()), end_of_data=(m == len(starts) - 1)):
+            if acc.items:
+                acc.write_grads()
+                clip_grad_norm_(small, 1.0)
+                opt.step()
+            acc.zero_grad()
+    for p, q in zip(small, big):
+        numpy.testing.assert_allclose(p.numpy(), q.numpy(), atol=1e-10, rtol=1e-10)
 
 
 def test_mean_of_means_is_wrong_when_token_counts_differ_and_we_do_not_use_it():
