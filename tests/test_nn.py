@@ -303,3 +303,173 @@ def test_module_list():
     assert len(ml) == 3 and [n for n, _ in ml.named_parameters()][-1] == "2.bias"
     with pytest.raises(TypeError, match="holds Modules"):
         ml.append(3)
+
+
+# -- MLP (workload W1's model) ------------------------------------------------------
+def test_mlp_structure_and_names():
+    model = nn.MLP(3, 5, 2, n_layers=2, rng=rng())
+    assert len(model.blocks) == 2 and isinstance(model.blocks[0][1], nn.GELU)
+    names = [n for n, _ in model.named_parameters()]
+    assert names == ["blocks.0.0.weight", "blocks.0.0.bias", "blocks.1.0.weight", "blocks.1.0.bias", "head.weight", "head.bias"]
+    assert model.blocks[0][0].weight.shape == (5, 3) and model.head.weight.shape == (2, 5)
+
+
+def test_mlp_forward_is_the_chain():
+    model = nn.MLP(3, 4, 2, n_layers=3, activation="tanh", rng=rng())
+    x = Tensor(rng(1).standard_normal((2, 3)).astype(numpy.float32))
+    h = x.numpy()
+    for block in model.blocks:
+        h = numpy.tanh(h @ block[0].weight.numpy().T + block[0].bias.numpy())
+    expected = h @ model.head.weight.numpy().T + model.head.bias.numpy()
+    numpy.testing.assert_allclose(model(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_grad():
+    check_module_grad(nn.MLP(3, 4, 2, n_layers=2, dtype=F64, rng=rng()), x64(2, 3))
+
+
+def test_mlp_unknown_activation():
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        nn.MLP(2, 2, 2, n_layers=1, activation="swish")
+
+
+# -- transformer (workload W2's model) ----------------------------------------------
+def tiny_config(**changes):
+    config = dict(block_size=4, vocab_size=5, n_layer=1, n_head=2, n_embd=4, dropout=0.0)
+    config.update(changes)
+    return nn.GPTConfig(**config)
+
+
+def test_causal_self_attention_grad():
+    check_module_grad(nn.CausalSelfAttention(tiny_config(), rng=rng(), dtype=F64), x64(2, 3, 4))
+
+
+def test_causal_self_attention_matches_numpy():
+    attn = nn.CausalSelfAttention(tiny_config(n_embd=6, n_head=3), rng=rng(), dtype=F64)
+    attn.c_attn.bias.data[...] = rng(2).standard_normal(18)  # GPT-2 init makes biases zero
+    attn.c_proj.bias.data[...] = rng(3).standard_normal(6)
+    x = rng(1).standard_normal((2, 4, 6))
+    # Independent reference: one head at a time, explicit loops over positions.
+    qkv = x @ attn.c_attn.weight.numpy().T + attn.c_attn.bias.numpy()
+    q, k, v = qkv[..., :6], qkv[..., 6:12], qkv[..., 12:]
+    y = numpy.zeros_like(x)
+    for h in range(3):
+        cols = slice(2 * h, 2 * h + 2)
+        for t in range(4):
+            scores = numpy.einsum("bd,bsd->bs", q[:, t, cols], k[:, : t + 1, cols]) / numpy.sqrt(2)
+            w = numpy.exp(scores - scores.max(-1, keepdims=True))
+            w /= w.sum(-1, keepdims=True)
+            y[:, t, cols] = numpy.einsum("bs,bsd->bd", w, v[:, : t + 1, cols])
+    expected = y @ attn.c_proj.weight.numpy().T + attn.c_proj.bias.numpy()
+    numpy.testing.assert_allclose(attn(Tensor(x)).numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_feed_forward_grad():
+    check_module_grad(nn.FeedForward(tiny_config(), rng=rng(), dtype=F64), x64(1, 2, 4))
+
+
+def test_transformer_block_grad():
+    block = nn.TransformerBlock(tiny_config(), rng=rng(), dtype=F64)
+    block.ln_1.weight.data[...] = rng(5).standard_normal(4)  # ln weights away from their all-ones init
+    check_module_grad(block, x64(2, 3, 4))
+
+
+@pytest.mark.parametrize("n_layer,tie", [(1, True), (2, False)])
+def test_gpt_loss_grad(n_layer, tie):
+    model = nn.GPT(tiny_config(n_layer=n_layer, tie_weights=tie), rng=rng(), dtype=F64)
+    idx, targets = numpy.array([[0, 3, 1], [4, 4, 2]]), numpy.array([[3, 1, -100], [4, 2, 0]])
+    assert gradcheck(lambda *_: model(idx, targets)[1], list(model.parameters()), atol=ATOL, rtol=RTOL)
+
+
+def test_gpt_names_and_tied_weights():
+    model = nn.GPT(tiny_config(n_layer=2), rng=rng())
+    names = [n for n, _ in model.named_parameters()]
+    assert names[:3] == ["wte.weight", "wpe.weight", "blocks.0.ln_1.weight"]
+    assert "blocks.1.attn.c_attn.weight" in names and "blocks.1.mlp.c_proj.bias" in names
+    assert model.lm_head.weight is model.wte.weight and "lm_head.weight" not in names
+    untied = nn.GPT(tiny_config(tie_weights=False), rng=rng())
+    assert "lm_head.weight" in dict(untied.named_parameters())
+
+
+def test_gpt2_initialisation():
+    model = nn.GPT(nn.GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=64), rng=rng())
+    block = model.blocks[0]
+    assert abs(block.attn.c_attn.weight.numpy().std() - 0.02) < 0.001
+    assert abs(block.mlp.c_proj.weight.numpy().std() - 0.02 / numpy.sqrt(4)) < 0.0005
+    assert abs(block.attn.c_proj.weight.numpy().std() - 0.02 / numpy.sqrt(4)) < 0.0005
+    assert not block.attn.c_attn.bias.numpy().any() and numpy.array_equal(block.ln_1.weight.numpy(), numpy.ones(64))
+
+
+def test_float32_stays_float32_everywhere():
+    from tinygrad_ckpt import tape
+
+    model = nn.GPT(tiny_config(n_layer=2, dropout=0.1), rng=rng())
+    logits, loss = model(numpy.array([[0, 1, 2, 3]]), numpy.array([[1, 2, 3, 4]]))
+    saved = [a for node in tape.active().nodes() for a in node.ctx.saved_arrays or () if a is not None]
+    assert saved and all(a.dtype.kind != "f" or a.dtype == numpy.float32 for a in saved)
+    loss.backward()
+    assert logits.dtype == loss.dtype == numpy.float32
+    assert all(p.dtype == p.grad.dtype == numpy.float32 for p in model.parameters())
+
+
+def test_attention_is_causal():
+    model = nn.GPT(tiny_config(block_size=6, n_layer=2), rng=rng())
+    idx = numpy.array([[1, 2, 3, 4, 0, 1]])
+    changed = idx.copy()
+    changed[0, 3] = 0
+    before, _ = model(idx)
+    after, _ = model(changed)
+    numpy.testing.assert_allclose(after.numpy()[:, :3], before.numpy()[:, :3], rtol=0, atol=1e-7)
+    assert not numpy.allclose(after.numpy()[:, 3:], before.numpy()[:, 3:])
+
+
+def test_gpt_learns_a_repeated_sequence():
+    from tinygrad_ckpt.optim import AdamW
+
+    model = nn.GPT(nn.GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.0), rng=rng())
+    seq = numpy.tile(numpy.arange(8), 3)
+    idx = numpy.stack([seq[i:i + 8] for i in range(4)])  # (4, 8)
+    targets = numpy.stack([seq[i + 1:i + 9] for i in range(4)])  # the next token at each position
+    opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    losses = []
+    for _ in range(30):
+        _, loss = model(idx, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] > 0.9 * numpy.log(8)  # starts near chance
+    assert losses[-1] < 0.25 * losses[0]
+
+
+def test_gpt_dropout_follows_its_rng_and_eval():
+    idx = numpy.array([[0, 1, 2, 3]])
+    a = nn.GPT(tiny_config(dropout=0.3), rng=rng(1))
+    b = nn.GPT(tiny_config(dropout=0.3), rng=rng(1))
+    first, second = a(idx)[0].numpy(), a(idx)[0].numpy()
+    assert not numpy.array_equal(first, second)  # fresh masks each forward
+    assert numpy.array_equal(first, b(idx)[0].numpy())  # same seed, same init and masks
+    a.eval()
+    assert numpy.array_equal(a(idx)[0].numpy(), a(idx)[0].numpy())
+
+
+def test_generate():
+    from tinygrad_ckpt import tape
+
+    model = nn.GPT(tiny_config(block_size=4), rng=rng()).eval()
+    start = numpy.array([[1, 2], [3, 0]])
+    records = len(tape.active())
+    out = model.generate(start, 5, top_k=1)
+    assert out.shape == (2, 7) and numpy.array_equal(out[:, :2], start) and len(tape.active()) == records
+    context = out[:, :-1][:, -4:]  # greedy: the last token is the argmax given the (cropped) context
+    assert numpy.array_equal(out[:, -1], model(context)[0].numpy()[:, -1].argmax(-1))
+    s1 = model.generate(start, 6, rng=rng(9))
+    s2 = model.generate(start, 6, rng=rng(9))
+    assert numpy.array_equal(s1, s2) and s1.min() >= 0 and s1.max() < 5
+
+
+def test_gpt_errors():
+    with pytest.raises(ValueError, match="longer than block_size 4"):
+        nn.GPT(tiny_config(), rng=rng())(numpy.zeros((1, 5), dtype=int))
+    with pytest.raises(ValueError, match=r"n_embd \(4\) must be divisible by n_head \(3\)"):
+        nn.GPT(tiny_config(n_head=3))
