@@ -98,7 +98,10 @@ class Tape:
     def backward(self, tensors, grads, retain_graph=False):
         """Reverse-mode sweep: add d(tensors)/d(leaf) * grads into every leaf's .grad."""
         pending = {}  # id(tensor) -> (tensor, gradient array) not yet handed to its record
-        seen = {id(g) for g in grads}  # ids of gradient arrays placed somewhere: never written in place
+        # Gradient arrays placed somewhere (a .grad or a pending sum): never taken
+        # over or written in place. Weak, by id: an id alone could be reused by a
+        # new array once the old one is freed, and would force a needless copy.
+        seen = {id(g): weakref.ref(g) for g in grads}
         for t, g in zip(tensors, grads):
             _deliver(t, g, pending, seen)
         with memory.phase("backward" if memory.tracker.phase != "recompute" else "recompute"):
@@ -121,6 +124,9 @@ class Tape:
                 for t, g in zip(node.inputs, in_grads):
                     if g is not None and t.requires_grad:
                         _deliver(t, backend.as_array(g), pending, seen)
+                # Drop this record's gradients now, not when the next record's
+                # backward reassigns the names: else they outlive their use.
+                outs = out_grads = in_grads = g = None
                 memory.tracker.event(node.name)
         for t, _ in pending.values():  # a gradient that found no live record to go to
             if t._node.freed:
@@ -144,20 +150,26 @@ def _deliver(t, g, pending, seen):
             # Take `g` as the new .grad only if nothing else refers to it (it is
             # not a view, and no other tensor got it); else copy, so that a later
             # in-place update of one .grad can never change another.
-            owned = g if (g.base is None and id(g) not in seen) else g.copy()
+            owned = g if (g.base is None and not _placed(g, seen)) else g.copy()
             from .tensor import Tensor  # imported here: tensor.py imports this module
 
             t.grad = Tensor(owned)  # a plain Tensor even for a Parameter, as in PyTorch
             memory.track(owned, "gradients")
         else:
             t.grad.data += g
-        seen.add(id(g))
+        seen[id(g)] = weakref.ref(g)
     else:
         entry = pending.get(id(t))
         total = g if entry is None else entry[1] + g  # out of place: g may be shared
         memory.track(total)
         pending[id(t)] = (t, total)
-        seen.add(id(total))
+        seen[id(total)] = weakref.ref(total)
+
+
+def _placed(g, seen):
+    """True if this very array (not a freed one with the same id) was placed before."""
+    ref = seen.get(id(g))
+    return ref is not None and ref() is g
 
 
 def _zeros(node, i):
