@@ -47,16 +47,16 @@ def test_embedding_grad_with_repeated_indices():
 
 def test_layernorm_grad():
     ln = nn.LayerNorm(4, dtype=F64)
-    ln.weight.data[...] = rng(2).standard_normal(4)  # away from the ones/zeros init
-    ln.bias.data[...] = rng(3).standard_normal(4)
+    ln.weight.copy_(rng(2).standard_normal(4))  # away from the ones/zeros init
+    ln.bias.copy_(rng(3).standard_normal(4))
     check_module_grad(ln, x64(3, 4))
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (4, 3, 2)])
 def test_batchnorm_training_grad(shape):
     bn = nn.BatchNorm1d(3, dtype=F64)
-    bn.weight.data[...] = rng(2).standard_normal(3)
-    bn.bias.data[...] = rng(3).standard_normal(3)
+    bn.weight.copy_(rng(2).standard_normal(3))
+    bn.bias.copy_(rng(3).standard_normal(3))
     check_module_grad(bn, x64(*shape))
 
 
@@ -177,7 +177,7 @@ def test_train_and_eval_reach_every_module():
 
 def test_call_is_forward_and_to_cpu_keeps_parameters():
     model = TwoLayer().eval()
-    x = Tensor(rng(1).standard_normal((2, 3)).astype(numpy.float32))
+    x = Tensor(rng(1).standard_normal((2, 3)).astype(numpy.float32), device="cpu")
     weight = model.first.weight
     assert model.to("cpu") is model and model.first.weight is weight
     assert numpy.array_equal(model(x).numpy(), model.forward(x).numpy())
@@ -346,8 +346,8 @@ def test_causal_self_attention_grad():
 
 def test_causal_self_attention_matches_numpy():
     attn = nn.CausalSelfAttention(tiny_config(n_embd=6, n_head=3), rng=rng(), dtype=F64)
-    attn.c_attn.bias.data[...] = rng(2).standard_normal(18)  # GPT-2 init makes biases zero
-    attn.c_proj.bias.data[...] = rng(3).standard_normal(6)
+    attn.c_attn.bias.copy_(rng(2).standard_normal(18))  # GPT-2 init makes biases zero
+    attn.c_proj.bias.copy_(rng(3).standard_normal(6))
     x = rng(1).standard_normal((2, 4, 6))
     # Independent reference: one head at a time, explicit loops over positions.
     qkv = x @ attn.c_attn.weight.numpy().T + attn.c_attn.bias.numpy()
@@ -370,7 +370,7 @@ def test_feed_forward_grad():
 
 def test_transformer_block_grad():
     block = nn.TransformerBlock(tiny_config(), rng=rng(), dtype=F64)
-    block.ln_1.weight.data[...] = rng(5).standard_normal(4)  # ln weights away from their all-ones init
+    block.ln_1.weight.copy_(rng(5).standard_normal(4))  # ln weights away from their all-ones init
     check_module_grad(block, x64(2, 3, 4))
 
 

@@ -47,6 +47,28 @@ def _cuda():
     return _modules["cuda"]
 
 
+# Where host data (Python values, NumPy arrays) goes when a Tensor is made
+# without a device, as with torch.set_default_device. 'cpu' unless changed;
+# the test suite sets 'cuda' to run every engine test on the device.
+_default_device = "cpu"
+
+
+def set_default_device(device):
+    """Make `Tensor(host_data)` and the constructors put tensors on `device`.
+
+    Returns the previous default, so it can be put back.
+    """
+    global _default_device
+    if device not in _modules:
+        raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda'")
+    previous, _default_device = _default_device, device
+    return previous
+
+
+def get_default_device():
+    return _default_device
+
+
 def cuda_is_available():
     """True when device='cuda' would work (CuPy importable and a GPU present)."""
     try:

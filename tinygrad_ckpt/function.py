@@ -86,7 +86,9 @@ class Function:
             out = active.run(cls, ctx, arrays, options)
         outs = out if isinstance(out, tuple) else (out,)
         requires_grad = any(needs_input_grad)
-        tensors = tuple(Tensor(backend.as_array(o), requires_grad=requires_grad) for o in outs)
+        outs = [backend.as_array(o) for o in outs]
+        # device=: outputs stay where the op ran, whatever the default device is
+        tensors = tuple(Tensor(o, requires_grad=requires_grad, device=backend.device_of(o)) for o in outs)
         if requires_grad:
             active.append(tape.Node(cls, ctx, inputs, tensors))
         memory.tracker.event(op, inputs=arrays, outputs=outs)

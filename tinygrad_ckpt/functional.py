@@ -51,8 +51,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
             f"does not match the input's last axis, shape {x.shape}"
         )
     xp = backend.array_module(x.data)
-    weight = weight if weight is not None else Tensor(xp.ones(normalized_shape, dtype=x.dtype))
-    bias = bias if bias is not None else Tensor(xp.zeros(normalized_shape, dtype=x.dtype))
+    weight = weight if weight is not None else Tensor(xp.ones(normalized_shape, dtype=x.dtype), device=x.device)
+    bias = bias if bias is not None else Tensor(xp.zeros(normalized_shape, dtype=x.dtype), device=x.device)
     return nn.LayerNorm.apply(x, weight, bias, eps=eps)
 
 
@@ -67,8 +67,22 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
         raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}")
     if tuple(targets.shape) != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {logits.shape}")
+    if isinstance(targets, numpy.ndarray):
+        # Checked while on the host, where it is free; then copied to the device once.
+        # (Targets already on a GPU are not checked: that would wait for the GPU.)
+        _check_class_range(targets, logits.shape[-1], ignore_index)
+        targets = backend.to_device(targets, logits.device)
     flat = logits.reshape(-1, logits.shape[-1]) if logits.ndim != 2 else logits  # (N, C)
     return nn.CrossEntropy.apply(flat, targets=targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+
+
+def _check_class_range(targets, classes, ignore_index):
+    bad = targets[(targets != ignore_index) & ((targets < 0) | (targets >= classes))]
+    if bad.size:
+        raise ValueError(
+            f"cross_entropy: target {int(bad.flat[0])} is out of range for {classes} classes "
+            f"(use 0..{classes - 1}, or {ignore_index} to ignore a position)"
+        )
 
 
 def dropout(x, p=0.5, training=True, rng=None):
@@ -104,6 +118,7 @@ def where(condition, a, b):
     condition = condition.data if isinstance(condition, Tensor) else condition
     a = a if isinstance(a, Tensor) else b._lift(a)
     b = b if isinstance(b, Tensor) else a._lift(b)
+    condition = backend.to_device(condition, a.device)  # a NumPy condition is copied over once
     return elementwise.Where.apply(a, b, condition=condition)
 
 
@@ -118,4 +133,5 @@ def stack(tensors, axis=0):
 def embedding(indices, weight):
     """Rows of weight (num_embeddings, dim) at integer indices: weight[indices]."""
     indices = indices.data if isinstance(indices, Tensor) else indices
+    indices = backend.to_device(indices, weight.device)  # NumPy indices are copied over once
     return movement.GetItem.apply(weight, index=indices)

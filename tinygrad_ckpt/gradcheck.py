@@ -32,7 +32,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4, seed=0):
             raise TypeError(f"gradcheck: input {i} is {t.dtype}; use float64 (float32 rounding swamps the differences)")
     out = fn(*inputs)
     weights = numpy.random.default_rng(seed).standard_normal(out.shape)
-    weights_t = Tensor(backend.to_device(weights, out.device))
+    weights_t = Tensor(backend.to_device(weights, out.device), device=out.device)
 
     for t in inputs:
         t.grad = None

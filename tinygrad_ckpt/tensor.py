@@ -35,6 +35,11 @@ class Tensor:
                 dtype = _FLOAT_DEFAULT  # Python floats become float32, as in PyTorch
         if dtype is not None and data.dtype != numpy.dtype(dtype):
             data = data.astype(dtype)
+        if device is None and isinstance(data, numpy.ndarray):
+            # Host data goes to the default device: 'cpu' unless backend.set_default_device
+            # changed it (as torch.set_default_device). Engine code that wraps an array it
+            # computed passes device=, so a CPU result stays on the CPU whatever the default.
+            device = backend.get_default_device()
         if device is not None:
             data = backend.to_device(data, device)
         if requires_grad and data.dtype.kind != "f":
@@ -100,7 +105,7 @@ class Tensor:
 
     def detach(self):
         """The same array, cut from the tape (shares memory, as in PyTorch)."""
-        return Tensor(self.data)
+        return Tensor(self.data, device=self.device)
 
     def to(self, device=None, dtype=None):
         """A copy on another device and/or dtype (self if nothing changes)."""
@@ -165,7 +170,11 @@ class Tensor:
         return self._bump()
 
     def copy_(self, src):
-        self.data[...] = src.data if isinstance(src, Tensor) else src
+        """Copy src's values in; an array on another device (NumPy included) is transferred explicitly."""
+        src = src.data if isinstance(src, Tensor) else src
+        if not isinstance(src, (int, float, numpy.generic)):
+            src = backend.to_device(src, self.device)
+        self.data[...] = src
         return self._bump()
 
     def add_(self, other, alpha=1.0):
@@ -189,7 +198,7 @@ class Tensor:
         if isinstance(x, Tensor):
             return x
         xp = backend.array_module(self.data)
-        return Tensor(xp.asarray(x, dtype=self.dtype))
+        return Tensor(xp.asarray(x, dtype=self.dtype), device=self.device)
 
     def __add__(self, other):
         return elementwise.Add.apply(self, self._lift(other))
@@ -234,16 +243,16 @@ class Tensor:
 
     # Comparisons give boolean tensors (no gradient), as in PyTorch.
     def __lt__(self, other):
-        return Tensor(self.data < _raw(other))
+        return Tensor(self.data < _raw(other), device=self.device)
 
     def __le__(self, other):
-        return Tensor(self.data <= _raw(other))
+        return Tensor(self.data <= _raw(other), device=self.device)
 
     def __gt__(self, other):
-        return Tensor(self.data > _raw(other))
+        return Tensor(self.data > _raw(other), device=self.device)
 
     def __ge__(self, other):
-        return Tensor(self.data >= _raw(other))
+        return Tensor(self.data >= _raw(other), device=self.device)
 
     def exp(self):
         return elementwise.Exp.apply(self)
@@ -268,7 +277,8 @@ class Tensor:
 
     def masked_fill(self, mask, value):
         """`value` where the boolean `mask` is True, self elsewhere."""
-        return elementwise.Where.apply(self._lift(value), self, condition=_raw(mask))
+        mask = backend.to_device(_raw(mask), self.device)  # a NumPy mask is copied over once
+        return elementwise.Where.apply(self._lift(value), self, condition=mask)
 
     # -- reductions --------------------------------------------------------
     def sum(self, axis=None, keepdims=False):
@@ -281,7 +291,7 @@ class Tensor:
         return reduce.Max.apply(self, axis=axis, keepdims=keepdims)
 
     def argmax(self, axis=None):
-        return Tensor(self.data.argmax(axis=axis))
+        return Tensor(self.data.argmax(axis=axis), device=self.device)
 
     def softmax(self, axis=-1):
         return nn.Softmax.apply(self, axis=axis)
@@ -310,7 +320,7 @@ class Tensor:
         return movement.Permute.apply(self, axes=tuple(reversed(range(self.ndim))))
 
     def __getitem__(self, index):
-        return movement.GetItem.apply(self, index=_raw_index(index))
+        return movement.GetItem.apply(self, index=_raw_index(index, self.device))
 
 
 def _matmul(a, b):
@@ -339,11 +349,12 @@ def _raw(x):
     return x.data if isinstance(x, Tensor) else x
 
 
-def _raw_index(index):
-    """Tensors inside an index become their (integer) arrays."""
+def _raw_index(index, device):
+    """Tensors inside an index become their (integer) arrays, on `device`."""
     if isinstance(index, tuple):
-        return tuple(_raw(i) for i in index)
-    return _raw(index)
+        return tuple(_raw_index(i, device) for i in index)
+    index = _raw(index)
+    return backend.to_device(index, device) if isinstance(index, numpy.ndarray) else index
 
 
 # -- constructors --------------------------------------------------------------
@@ -351,19 +362,21 @@ def tensor(data, requires_grad=False, dtype=None, device=None):
     return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
 
 
-def zeros(*shape, dtype=_FLOAT_DEFAULT, device="cpu", requires_grad=False):
+def zeros(*shape, dtype=_FLOAT_DEFAULT, device=None, requires_grad=False):
     shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    device = device or backend.get_default_device()
     xp = backend.module_for(device)
-    return Tensor(xp.zeros(shape, dtype=dtype), requires_grad=requires_grad)
+    return Tensor(xp.zeros(shape, dtype=dtype), requires_grad=requires_grad, device=device)
 
 
-def ones(*shape, dtype=_FLOAT_DEFAULT, device="cpu", requires_grad=False):
+def ones(*shape, dtype=_FLOAT_DEFAULT, device=None, requires_grad=False):
     shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    device = device or backend.get_default_device()
     xp = backend.module_for(device)
-    return Tensor(xp.ones(shape, dtype=dtype), requires_grad=requires_grad)
+    return Tensor(xp.ones(shape, dtype=dtype), requires_grad=requires_grad, device=device)
 
 
-def randn(*shape, rng, dtype=_FLOAT_DEFAULT, device="cpu", requires_grad=False):
+def randn(*shape, rng, dtype=_FLOAT_DEFAULT, device=None, requires_grad=False):
     """Standard normal values from an explicit numpy.random.Generator.
 
     Values are drawn on the host and copied once to `device`, so the same seed

@@ -41,7 +41,7 @@ def _constant(value, shape, dtype, device):
 class Linear(Module):
     """y = x @ weight.T + bias, weight of shape (out_features, in_features) as in PyTorch."""
 
-    def __init__(self, in_features, out_features, bias=True, dtype=numpy.float32, device="cpu", rng=None, init_std=None):
+    def __init__(self, in_features, out_features, bias=True, dtype=numpy.float32, device=None, rng=None, init_std=None):
         super().__init__()
         rng = random.generator(rng)
         self.in_features, self.out_features = in_features, out_features
@@ -63,7 +63,7 @@ class Linear(Module):
 class Embedding(Module):
     """A lookup table: row i of weight (num_embeddings, embedding_dim) for each index i."""
 
-    def __init__(self, num_embeddings, embedding_dim, dtype=numpy.float32, device="cpu", rng=None, init_std=None):
+    def __init__(self, num_embeddings, embedding_dim, dtype=numpy.float32, device=None, rng=None, init_std=None):
         super().__init__()
         rng = random.generator(rng)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
@@ -89,7 +89,7 @@ class Embedding(Module):
 class LayerNorm(Module):
     """Normalise each row over its last axis, then scale by weight and shift by bias."""
 
-    def __init__(self, normalized_shape, eps=1e-5, bias=True, dtype=numpy.float32, device="cpu"):
+    def __init__(self, normalized_shape, eps=1e-5, bias=True, dtype=numpy.float32, device=None):
         super().__init__()
         self.normalized_shape, self.eps = normalized_shape, eps
         self.weight = _constant(1.0, (normalized_shape,), dtype, device)
@@ -118,7 +118,7 @@ class BatchNorm1d(Module):
 
     _buffers = ("running_mean", "running_var")
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype=numpy.float32, device="cpu"):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype=numpy.float32, device=None):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = _constant(1.0, (num_features,), dtype, device) if affine else None
@@ -141,8 +141,8 @@ class BatchNorm1d(Module):
             var = (centered * centered).mean(axis=axes, keepdims=True)  # biased: what we normalise with
             self._update_running_stats(mean.data.reshape(C), var.data.reshape(C) * (n / (n - 1)))
         else:
-            centered = x - Tensor(self.running_mean.data.reshape(shape))
-            var = Tensor(self.running_var.data.reshape(shape))
+            centered = x - Tensor(self.running_mean.data.reshape(shape), device=x.device)
+            var = Tensor(self.running_var.data.reshape(shape), device=x.device)
         out = centered / (var + self.eps).sqrt()
         if self.weight is not None:
             out = out * self.weight.reshape(shape) + self.bias.reshape(shape)

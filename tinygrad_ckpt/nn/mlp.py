@@ -34,7 +34,7 @@ class MLP(Module):
     """
 
     def __init__(self, in_features, hidden_features, out_features, n_layers, activation="gelu",
-                 dtype=numpy.float32, device="cpu", rng=None):
+                 dtype=numpy.float32, device=None, rng=None):
         super().__init__()
         if n_layers < 0:
             raise ValueError(f"MLP: n_layers must be >= 0, got {n_layers}")

@@ -200,7 +200,7 @@ class Module:
                 p.data = backend.to_device(p.data, device)
                 memory.track(p.data, "parameters")
                 if p.grad is not None:
-                    p.grad = Tensor(backend.to_device(p.grad.data, device))
+                    p.grad = Tensor(backend.to_device(p.grad.data, device), device=device)
                     memory.track(p.grad.data, "gradients")
         for _, b in self.named_buffers():
             b.data = backend.to_device(b.data, device)

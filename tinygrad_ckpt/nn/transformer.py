@@ -47,7 +47,7 @@ class GPTConfig:
 class CausalSelfAttention(Module):
     """Multi-head self-attention where position t sees only positions <= t."""
 
-    def __init__(self, config, rng=None, dtype=numpy.float32, device="cpu"):
+    def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
         super().__init__()
         if config.n_embd % config.n_head != 0:
             raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
@@ -84,7 +84,7 @@ class CausalSelfAttention(Module):
 class FeedForward(Module):
     """The block's MLP: Linear(C, 4C) -> GELU -> Linear(4C, C) -> dropout."""
 
-    def __init__(self, config, rng=None, dtype=numpy.float32, device="cpu"):
+    def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
         super().__init__()
         init = random.generator(rng)
         C = config.n_embd
@@ -102,7 +102,7 @@ class FeedForward(Module):
 class TransformerBlock(Module):
     """Pre-LayerNorm block: attention, then feed-forward, each added to the residual stream."""
 
-    def __init__(self, config, rng=None, dtype=numpy.float32, device="cpu"):
+    def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, dtype=dtype, device=device)
         self.attn = CausalSelfAttention(config, rng=rng, dtype=dtype, device=device)
@@ -122,7 +122,7 @@ class GPT(Module):
     package's default generator when None).
     """
 
-    def __init__(self, config, rng=None, dtype=numpy.float32, device="cpu"):
+    def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
         super().__init__()
         self.config = config
         init = random.generator(rng)
