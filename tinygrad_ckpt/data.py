@@ -86,12 +86,12 @@ class CharTokenizer:
         return "".join(self.chars[int(i)] for i in ids)
 
     def state_dict(self):
-        """The vocabulary as an int32 array of Unicode code points (fits in an .npz)."""
-        return {"chars": numpy.array([ord(c) for c in self.chars], dtype=numpy.int32)}
+        """The vocabulary as one string, character i at position i (a JSON value, for checkpoints)."""
+        return {"chars": "".join(self.chars)}
 
     @classmethod
     def from_state_dict(cls, state):
-        return cls(chr(int(code)) for code in state["chars"])
+        return cls(state["chars"])
 
 
 def train_val_split(ids, val_fraction=0.1):

@@ -1,0 +1,256 @@
+"""TrainingArguments and Trainer: validation, schedule, split-independence, memory order, resume.
+
+Models are tiny GPTs (width 16, one layer); equivalence tests run them in
+float64 and compare with atol/rtol 1e-10: the runs differ only in summation
+order (~1e-16 relative per add), while a wrong split or step shows at 1e-3.
+"""
+
+import numpy
+import pytest
+
+from tinygrad_ckpt import memory, nn
+from tinygrad_ckpt.data import CharDataset, CharTokenizer
+from tinygrad_ckpt.nn import GPT, GPTConfig
+from tinygrad_ckpt.train import TrainingArguments, Trainer, get_learning_rate
+
+V, T = 11, 8  # vocabulary, block size
+
+
+def tiny_gpt(seed=0, dtype=numpy.float64, dropout=0.0, n_layer=1):
+    config = GPTConfig(block_size=T, vocab_size=V, n_layer=n_layer, n_head=2, n_embd=16, dropout=dropout)
+    return GPT(config, rng=numpy.random.default_rng(seed), dtype=dtype)
+
+
+def dataset(n_tokens=200, seed=1):
+    ids = numpy.random.default_rng(seed).integers(0, V, size=n_tokens)
+    return CharDataset(ids, block_size=T)  # (n_tokens - T - 1) // T + 1 examples
+
+
+class Recording:
+    """A data set that remembers which examples were read, in order."""
+
+    def __init__(self, inner):
+        self.inner, self.reads = inner, []
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        self.reads.append(i)
+        return self.inner[i]
+
+
+def args(**kw):
+    base = dict(per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1, disable_tqdm=True, seed=3)
+    return TrainingArguments(**{**base, **kw})
+
+
+# -- bad input -------------------------------------------------------------------
+@pytest.mark.parametrize("kw, message", [
+    (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be an integer >= 1"),
+    (dict(per_device_train_batch_size=0), "per_device_train_batch_size must be an integer >= 1"),
+    (dict(optim="adam"), "optim must be one of"),
+    (dict(lr_scheduler_type="step"), "lr_scheduler_type must be one of"),
+    (dict(max_steps=-1, num_train_epochs=0), "nothing to train"),
+    (dict(learning_rate=-1.0), "learning_rate"),
+])
+def test_bad_arguments_are_clear_errors(kw, message):
+    with pytest.raises(ValueError, match=message):
+        TrainingArguments(**kw)
+
+
+def test_data_set_smaller_than_one_micro_batch():
+    with pytest.raises(ValueError, match="fewer than one micro-batch"):
+        Trainer(tiny_gpt(), args(per_device_train_batch_size=64), dataset())
+
+
+def test_labels_outside_the_vocabulary():
+    bad = [{"input_ids": numpy.zeros(T, dtype=numpy.int64), "labels": numpy.full(T, V + 3)}] * 4
+    trainer = Trainer(tiny_gpt(), args(max_steps=1), bad)
+    with pytest.raises(ValueError, match=f"token id {V + 3}, outside the model's vocabulary of {V}"):
+        trainer.train()
+
+
+def test_gradient_checkpointing_on_a_model_without_it():
+    class NoCheckpointing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+    with pytest.raises(ValueError, match="does not support it"):
+        Trainer(NoCheckpointing(), args(gradient_checkpointing=True), dataset())
+
+
+def test_gradient_checkpointing_flag_calls_the_model():
+    class Checkpointable(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.enabled = False
+
+        def gradient_checkpointing_enable(self):
+            self.enabled = True
+
+    model = Checkpointable()
+    Trainer(model, args(gradient_checkpointing=True), dataset())
+    assert model.enabled
+
+
+# -- steps, schedule, logging ---------------------------------------------------
+def test_schedule_warmup_then_decay():
+    a = args(learning_rate=1.0, warmup_steps=2, lr_scheduler_type="linear")
+    assert [get_learning_rate(s, a, 5) for s in range(5)] == pytest.approx([0.5, 1.0, 1.0, 2 / 3, 1 / 3])
+    a = args(learning_rate=1.0, warmup_steps=0, lr_scheduler_type="cosine")
+    assert [get_learning_rate(s, a, 4) for s in range(4)] == pytest.approx([1.0, 0.853553, 0.5, 0.146447], abs=1e-6)
+    a = args(learning_rate=1.0, warmup_steps=4, lr_scheduler_type="constant")
+    assert [get_learning_rate(s, a, 6) for s in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1, 1, 1])
+
+
+def test_schedule_logging_and_max_steps_count_optimizer_steps_not_micro_batches():
+    data = Recording(dataset())
+    trainer = Trainer(tiny_gpt(), args(
+        gradient_accumulation_steps=3, max_steps=4, learning_rate=1.0, warmup_steps=2, lr_scheduler_type="linear",
+    ), data)
+    history = trainer.train()
+    train_logs = [e for e in history if "loss" in e]
+    assert [e["step"] for e in train_logs] == [1, 2, 3, 4]
+    assert [e["learning_rate"] for e in train_logs] == pytest.approx([0.5, 1.0, 1.0, 0.5])
+    assert len(data.reads) == 4 * 3 * 4  # steps x micro-batches x examples
+    assert all(isinstance(e["loss"], float) and e["loss"] > 0 for e in train_logs)
+    assert all(e["tokens_per_second"] > 0 and e["peak_memory"] >= e["memory"] > 0 for e in train_logs)
+
+
+def test_epochs_and_the_short_last_group():
+    # 24 examples, micro-batches of 4 -> 6 per epoch; groups of 4 -> 2 steps per epoch, the second short
+    data = Recording(dataset(n_tokens=24 * T + 1))
+    assert len(data) == 24
+    trainer = Trainer(tiny_gpt(), args(gradient_accumulation_steps=4, num_train_epochs=2), data)
+    assert trainer.steps_per_epoch == 2 and trainer.total_steps == 4
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert sorted(data.reads[:24]) == list(range(24)) and sorted(data.reads[24:]) == list(range(24))
+    assert data.reads[:24] != data.reads[24:]  # a new order each epoch
+
+
+# -- the split does not change the run --------------------------------------------
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_same_examples_and_same_updates_however_the_effective_batch_is_split(optim):
+    # effective batch 8; 25 examples -> steps of 8, 8, 8, 1 per epoch (a short last group)
+    runs = {}
+    for B, G in [(8, 1), (4, 2), (2, 4), (1, 8)]:
+        data = Recording(dataset(n_tokens=25 * T + 1))
+        model = tiny_gpt()
+        history = Trainer(model, args(per_device_train_batch_size=B, gradient_accumulation_steps=G,
+                                      max_steps=6, optim=optim, weight_decay=0.1), data).train()
+        runs[B, G] = data.reads, [e["loss"] for e in history], [p.numpy() for p in model.parameters()]
+    reads, losses, params = runs[8, 1]
+    assert len(reads) == 6 * 8 - 7  # the fourth step of an epoch has one example
+    for key, (r, l, p) in runs.items():
+        assert r == reads, key  # the same examples, in the same optimizer steps
+        numpy.testing.assert_allclose(l, losses, rtol=1e-10, atol=1e-10)
+        for a, b in zip(p, params):
+            numpy.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    assert losses[-1] < losses[0]  # and it learns something
+
+
+def test_each_micro_batch_is_backpropagated_before_the_next_forward():
+    """Peak saved activations of B=2 x G=4 match B=2 x G=1, not B=8 x G=1."""
+    def peak_activations(B, G):
+        model = tiny_gpt(dtype=numpy.float32, n_layer=2)
+        trainer = Trainer(model, args(per_device_train_batch_size=B, gradient_accumulation_steps=G, max_steps=2,
+                                      logging_steps=0), dataset(n_tokens=400))
+        with memory.timeline() as events:
+            trainer.train()
+        return max(e["activations"] for e in events)
+
+    one = peak_activations(2, 1)
+    accumulated = peak_activations(2, 4)
+    big = peak_activations(8, 1)
+    assert accumulated <= 1.01 * one
+    assert big >= 3.5 * one  # four times the examples, about four times the activations
+
+
+# -- resuming ---------------------------------------------------------------------
+class Crash(Exception):
+    pass
+
+
+class CrashAfter(Recording):
+    """Raise after `n` reads: a run killed in the middle of training."""
+
+    def __init__(self, inner, n):
+        super().__init__(inner)
+        self.n = n
+
+    def __getitem__(self, i):
+        if len(self.reads) >= self.n:
+            raise Crash
+        return super().__getitem__(i)
+
+
+def test_resume_gives_the_uninterrupted_loss_curve(tmp_path):
+    # dropout on (the RNG state must be restored), an epoch boundary crossed
+    # (11 examples: 3 steps of 4, 4, 3 per epoch), a linear schedule (the step must be restored)
+    kw = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=7, save_steps=3,
+              lr_scheduler_type="linear", warmup_steps=2)
+    full = Trainer(tiny_gpt(dropout=0.2), args(output_dir=str(tmp_path / "full"), **kw), dataset(n_tokens=11 * T + 1))
+    full_losses = [e["loss"] for e in full.train() if "loss" in e]
+    full_params = [p.numpy() for p in full.model.parameters()]
+
+    out = str(tmp_path / "stopped")
+    crashing = CrashAfter(dataset(n_tokens=11 * T + 1), n=4 * 4 + 2)  # dies in step 5, after the save at step 3
+    stopped = Trainer(tiny_gpt(dropout=0.2), args(output_dir=out, **kw), crashing)
+    with pytest.raises(Crash):
+        stopped.train()
+    assert stopped.state.global_step == 4  # the crash lost step 4's work; the checkpoint is at step 3
+
+    resumed = Trainer(tiny_gpt(seed=99, dropout=0.2), args(output_dir=out, **kw), dataset(n_tokens=11 * T + 1))
+    history = resumed.train(resume_from_checkpoint=True)
+    losses = [e["loss"] for e in history if "loss" in e]
+    assert [e["step"] for e in history if "loss" in e] == list(range(1, 8))
+    assert losses == full_losses  # exactly: same data, same arithmetic, same dropout masks
+    for a, b in zip((p.numpy() for p in resumed.model.parameters()), full_params):
+        numpy.testing.assert_array_equal(a, b)
+
+
+def test_resume_errors(tmp_path):
+    trainer = Trainer(tiny_gpt(), args(output_dir=str(tmp_path), max_steps=2, save_steps=1), dataset())
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        trainer.train(resume_from_checkpoint=True)
+    trainer.train()
+    other = Trainer(tiny_gpt(), args(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2), dataset())
+    with pytest.raises(ValueError, match="per_device_train_batch_size=4"):
+        other.train(resume_from_checkpoint=True)
+
+
+def test_output_dir_holds_the_model_with_its_tokenizer_and_config(tmp_path):
+    from tinygrad_ckpt import serialization
+
+    tok = CharTokenizer("abcdefghijk")
+    trainer = Trainer(tiny_gpt(), args(output_dir=str(tmp_path), max_steps=1), dataset(), tokenizer=tok)
+    trainer.train()
+    model = tiny_gpt(seed=5)
+    extra = serialization.restore(tmp_path / "model.npz", model)
+    assert CharTokenizer.from_state_dict(extra["tokenizer"]).chars == tok.chars
+    assert GPTConfig(**extra["config"]) == trainer.model.config
+    for a, b in zip(model.parameters(), trainer.model.parameters()):
+        numpy.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert (tmp_path / "checkpoint.npz").exists()
+
+
+def test_a_crash_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    from tinygrad_ckpt import serialization
+
+    trainer = Trainer(tiny_gpt(), args(output_dir=str(tmp_path), max_steps=2, save_steps=1), dataset())
+    trainer.train()
+    good = (tmp_path / "checkpoint.npz").read_bytes()
+
+    def dies_half_way(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip file")
+        raise KeyboardInterrupt  # the process is stopped mid-write
+
+    monkeypatch.setattr(serialization.numpy, "savez", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save_checkpoint()
+    assert (tmp_path / "checkpoint.npz").read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
