@@ -127,6 +127,11 @@ class Tape:
                 # Drop this record's gradients now, not when the next record's
                 # backward reassigns the names: else they outlive their use.
                 outs = out_grads = in_grads = g = None
+                if not retain_graph:
+                    # Let go of the inputs too: a forward tensor that nothing
+                    # else holds is freed now, not when the loss is dropped,
+                    # so memory falls during backward as it does in PyTorch.
+                    node.inputs = ()
                 memory.tracker.event(node.name)
         for t, _ in pending.values():  # a gradient that found no live record to go to
             if t._node.freed:
