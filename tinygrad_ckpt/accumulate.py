@@ -148,10 +148,10 @@ class GradientAccumulator:
         for p, buf in zip(self.parameters, self.buffers):
             if buf.dtype == p.dtype:
                 buf /= self.items  # in place: the buffer itself becomes p.grad until zero_grad()
-                p.grad = Tensor(buf)
+                p.grad = Tensor(buf, device=p.device)
             else:
                 grad = (buf / self.items).astype(p.dtype)
-                p.grad = Tensor(grad)
+                p.grad = Tensor(grad, device=p.device)
                 memory.track(grad, "gradients")
         self.written = True
         return self.items
