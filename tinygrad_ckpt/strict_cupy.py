@@ -241,8 +241,10 @@ class ndarray:
 
     def transpose(self, *axes):
         if len(axes) == 1 and not isinstance(axes[0], numbers.Integral):
-            axes = axes[0]  # one sequence of axes (a tuple, a list, a NumPy array) or None
-        axes = None if axes is None or len(axes) == 0 else tuple(int(a) for a in axes)
+            axes = axes[0]  # one tuple or list of axes, or None
+        if isinstance(axes, numpy.ndarray):
+            raise TypeError("transpose: pass the axes as Python ints (a tuple), not a NumPy array")
+        axes = None if axes is None or len(axes) == 0 else tuple(axes)
         return _view(self._array.transpose(axes), self)
 
     def swapaxes(self, axis1, axis2):

@@ -45,7 +45,7 @@ class Permute(Function):
 
     @staticmethod
     def backward(ctx, g):
-        return g.transpose(numpy.argsort(ctx.axes))
+        return g.transpose(tuple(int(a) for a in numpy.argsort(ctx.axes)))  # Python ints, as CuPy wants
 
 
 def _is_basic(index):
