@@ -26,6 +26,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # real CuPy where a GPU is present; elsewhere it is left out, and the header of
 # the run and tests/test_backends.py (one skipped test) say why. A test that
 # only makes sense on some backends says so: @pytest.mark.backends("numpy").
+import functools  # noqa: E402
+
 import pytest  # noqa: E402
 
 from tinygrad_ckpt import backend, strict_cupy  # noqa: E402
@@ -36,6 +38,7 @@ ENGINE_TESTS = {
 }
 
 
+@functools.lru_cache(maxsize=None)  # asked once, at collection, before any test installs a stand-in
 def cupy_unavailable_reason():
     """None where device='cuda' can use CuPy and a GPU; else why not."""
     try:
