@@ -1,0 +1,294 @@
+"""Checkpoint schedules: where to cut a chain of layers into checkpointed segments.
+
+A chain of n layers, run by `checkpoint_sequential` (checkpoint.py). Each
+segment is either *stored* (run normally: its layers keep what they save
+until backward) or *checkpointed* (keeps only its input; recomputed once in
+backward). Three ways to choose:
+
+  segments=k        k segments of nearly equal length.
+  segments='sqrt'   Chen et al. 2016: about sqrt(n) segments of sqrt(n)
+                    layers. For equal layers with activation a per layer,
+                    the peak is about sqrt(n) checkpoints plus one segment's
+                    interior, 2 sqrt(n) a instead of n a, for one extra forward.
+  plan_checkpoints  measured sizes and a memory budget in bytes -> the plan
+                    that recomputes least within the budget (dynamic
+                    programming over the chain, below). Layers need not be
+                    equal: in a transformer a block's input is small next to
+                    its interior (about 1 MiB against 18 MiB per block in the
+                    reference W2 workload), so the planner finds that cutting
+                    at every block beats sqrt(n) segments there.
+
+The cost model (what `predict` computes; `measure_layers` supplies the sizes):
+for layer i, in_i = bytes of its input, held_i = bytes it keeps for backward
+when run normally (its input's buffer included if it saves it). Walking the
+plan, P = bytes held by the segments before the current one:
+
+  stored segment [a, b)         P += held_a + ... + held_{b-1}
+  checkpointed segment [a, b)   P += in_a  (the record saves its input), and
+                                during its backward the recompute holds
+                                P + in_a + held_a + ... + held_{b-1}
+                                (less in_a if layer a saves its input: the
+                                same buffer, counted once)
+  predicted peak = max(P at the end of the forward, every recompute's peak)
+
+Backward walks the segments in reverse, so when segment j is recomputed the
+later ones have been freed and the earlier ones still hold their bytes.
+These are saved-activation bytes, the "activations" that memory.py counts.
+
+The planner minimises recompute cost (the forward time of every
+checkpointed layer, measured) subject to peak <= budget, then the peak:
+dynamic programming over positions, with a staircase of states (P, cost,
+peak so far) per position (see `_best_plan`).
+A budget below the smallest peak any single-level plan reaches is an error
+that states that minimum. Going lower needs recomputing some layers more
+than once (nested checkpoints; Griewank's revolve gives the optimal binomial
+schedule for equal layers). Those only beat this planner below its minimum,
+and are not implemented here.
+
+What does not live here: checkpointing itself (checkpoint.py).
+"""
+
+import math
+import time
+from dataclasses import dataclass
+
+from . import backend, memory, tape
+from .tensor import Tensor
+
+
+@dataclass
+class LayerCost:
+    """What one layer of a chain costs when run normally (see `measure_layers`)."""
+
+    name: str
+    input_bytes: int  # its input's buffer: what a checkpoint starting here saves
+    saved_bytes: int  # what it keeps for backward, apart from its input's buffer
+    saves_input: bool  # whether it also keeps its input's buffer
+    output_bytes: int
+    seconds: float = 1.0  # forward time: what recomputing it costs
+
+    @property
+    def held_bytes(self):
+        """Bytes it holds between its forward and its backward when not checkpointed."""
+        return self.saved_bytes + (self.input_bytes if self.saves_input else 0)
+
+
+@dataclass
+class Plan:
+    """Segments of a chain, each (start, stop, checkpointed), with what they cost."""
+
+    segments: list
+    peak_bytes: int  # predicted peak of saved activations
+    recompute_seconds: float  # predicted extra forward time in backward
+
+    @property
+    def boundaries(self):
+        """[0, ..., n]: segment i is layers[b[i]:b[i+1]]."""
+        return [s for s, _, _ in self.segments] + ([self.segments[-1][1]] if self.segments else [0])
+
+    def __str__(self):
+        parts = [f"[{a}:{b}]{'*' if c else ''}" for a, b, c in self.segments]
+        return (f"Plan({' '.join(parts)}; * = checkpointed; predicted peak "
+                f"{memory.format_bytes(self.peak_bytes)}, recompute {self.recompute_seconds * 1e3:.1f} ms)")
+
+
+# -- fixed schedules -----------------------------------------------------------
+def segment_bounds(n, segments):
+    """[(start, stop, checkpointed), ...] for n layers (see checkpoint_sequential).
+
+    Also accepts such a list itself (checked), e.g. [(0, n, False)] for no checkpointing.
+    """
+    if isinstance(segments, Plan):
+        segments = segments.segments
+    if isinstance(segments, (list, tuple)) and segments and all(isinstance(s, tuple) and len(s) == 3 for s in segments):
+        stops = [0] + [b for _, b, _ in segments]
+        if [a for a, _, _ in segments] != stops[:-1] or stops[-1] != n or any(b <= a for a, b, _ in segments):
+            raise ValueError(f"segments {list(segments)} do not cover layers 0..{n} one after the other")
+        return [(a, b, bool(c)) for a, b, c in segments]
+    if segments == "sqrt":
+        segments = max(1, round(math.sqrt(n)))
+    elif segments == "every":
+        segments = n
+    if isinstance(segments, int) and not isinstance(segments, bool):
+        if n == 0:
+            return []
+        if not 1 <= segments <= n:
+            raise ValueError(f"segments must be between 1 and the number of layers ({n}), got {segments}")
+        size, extra = divmod(n, segments)
+        bounds, start = [], 0
+        for i in range(segments):
+            stop = start + size + (1 if i < extra else 0)
+            bounds.append((start, stop, True))
+            start = stop
+        return bounds
+    if isinstance(segments, (list, tuple)) and all(isinstance(b, int) for b in segments):
+        cuts = list(segments)
+        cuts = ([0] if not cuts or cuts[0] != 0 else []) + cuts
+        cuts = cuts + ([n] if cuts[-1] != n else [])
+        if any(b <= a for a, b in zip(cuts, cuts[1:])) or cuts[-1] != n:
+            raise ValueError(
+                f"segment boundaries must increase strictly from 0 to the number of layers ({n}), "
+                f"got {list(segments)}"
+            )
+        return [(a, b, True) for a, b in zip(cuts, cuts[1:])]
+    raise TypeError(
+        f"segments must be an int, 'sqrt', 'every', a list of boundaries or a Plan, got {segments!r}"
+    )
+
+
+def sqrt_segments(n):
+    """Chen et al.'s segmentation of n layers: round(sqrt(n)) checkpointed segments."""
+    return segment_bounds(n, "sqrt")
+
+
+# -- measuring a chain ---------------------------------------------------------
+def measure_layers(layers, x, repeats=2):
+    """Run the chain once on sample input x, layer by layer; a LayerCost per layer.
+
+    Each layer runs on a fresh tape on a detached copy of its input (with the
+    same requires_grad it has in the chain), and the arrays its records saved
+    are counted by buffer, as memory.py counts them; parameters (leaf
+    tensors that require grad) are not activations and are left out. Its
+    forward time is the best of `repeats` runs.
+    """
+    costs = []
+    for i, layer in enumerate(layers):
+        seconds = math.inf
+        for _ in range(repeats):
+            inp = Tensor(x.data, requires_grad=x.requires_grad)
+            recorded = tape.Tape()
+            start = time.perf_counter()
+            with tape.recording(recorded):
+                y = layer(inp)
+            seconds = min(seconds, time.perf_counter() - start)
+        nodes = recorded.nodes()
+        params = {id(backend.storage(t.data)) for n in nodes for t in n.inputs
+                  if t.is_leaf and t.requires_grad and t is not inp}
+        saved = {}
+        for n in nodes:
+            for a in n.ctx.saved_arrays or ():
+                if a is not None:
+                    base = backend.storage(a)
+                    if id(base) not in params:
+                        saved[id(base)] = base.nbytes
+        in_id = id(backend.storage(inp.data))
+        saves_input = in_id in saved
+        saved.pop(in_id, None)
+        name = getattr(layer, "name", None) or type(layer).__name__
+        costs.append(LayerCost(f"{i}:{name}", inp.data.nbytes, sum(saved.values()), saves_input, y.data.nbytes, seconds))
+        x = Tensor(y.data, requires_grad=y.requires_grad)
+    return costs
+
+
+# -- predicting and planning -----------------------------------------------------
+def predict(costs, segments):
+    """(predicted peak saved-activation bytes, recompute seconds) of a segmentation."""
+    P = peak = 0
+    recompute = 0.0
+    for a, b, checkpointed in segment_bounds(len(costs), segments):
+        held = sum(c.held_bytes for c in costs[a:b])
+        if checkpointed:
+            first = costs[a]
+            peak = max(peak, P + first.input_bytes + held - (first.input_bytes if first.saves_input else 0))
+            P += first.input_bytes
+            recompute += sum(c.seconds for c in costs[a:b])
+        else:
+            P += held
+    return max(peak, P), recompute
+
+
+def plan_checkpoints(costs, budget):
+    """The plan that recomputes least with a predicted peak <= budget bytes.
+
+    costs: a list of LayerCost (measure_layers). Among plans that recompute
+    the same layers, the one with the lowest peak wins. A budget below the
+    smallest reachable peak is a ValueError that states the minimum.
+    """
+    if not costs:
+        return Plan([], 0, 0.0)
+    best = _best_plan(costs, budget, _cost_units(costs))
+    if best is None:
+        least = minimum_budget(costs)
+        raise ValueError(
+            f"no checkpoint plan fits a budget of {budget} bytes ({memory.format_bytes(budget)}): "
+            f"the smallest peak of saved activations any segmentation of these {len(costs)} layers "
+            f"reaches is {least} bytes ({memory.format_bytes(least)}). Raise the budget, or use a "
+            "smaller batch."
+        )
+    peak, recompute = predict(costs, best)
+    return Plan(best, peak, recompute)
+
+
+def minimum_budget(costs):
+    """The smallest peak of saved activations any single-level plan reaches (bytes)."""
+    if not costs:
+        return 0
+    return predict(costs, _best_plan(costs, math.inf, [0] * len(costs)))[0]
+
+
+def _cost_units(costs):
+    """Forward times as integers (1e-9 of the total): sums of the same layers compare equal."""
+    total = sum(c.seconds for c in costs) or 1.0
+    return [round(c.seconds / total * 1e9) for c in costs]
+
+
+def _best_plan(costs, budget, units):
+    """Segments minimising (recompute units, then peak) with peak <= budget, or None.
+
+    Forward dynamic programming over positions 0..n. A state at position i is
+    (P, C, M, segment, parent): bytes held by the segments so far, their
+    recompute cost, the highest recompute peak so far. The future depends
+    only on P, so a state is dropped when another has P no larger and
+    (C, M) no larger in lexicographic order; what is left at each position is
+    a staircase with at most one state per distinct P.
+    """
+    n = len(costs)
+    held, cost = [0], [0]
+    for c, u in zip(costs, units):
+        held.append(held[-1] + c.held_bytes)
+        cost.append(cost[-1] + u)
+    states = [[] for _ in range(n + 1)]
+    states[0] = [(0, 0, 0, None, None)]
+    for i in range(n):
+        first = costs[i]
+        for state in _prune(states[i]):
+            P, C, M = state[0], state[1], state[2]
+            if P + first.held_bytes <= budget:  # store layer i
+                states[i + 1].append((P + first.held_bytes, C, M, (i, i + 1, False), state))
+            if P + first.input_bytes > budget:
+                continue
+            base = P + first.input_bytes - (first.input_bytes if first.saves_input else 0)
+            for j in range(i + 1, n + 1):  # checkpoint layers[i:j]
+                peak = base + held[j] - held[i]
+                if peak > budget:
+                    break  # longer segments only hold more
+                states[j].append((P + first.input_bytes, C + cost[j] - cost[i], max(M, peak), (i, j, True), state))
+    final = [s for s in _prune(states[n]) if max(s[0], s[2]) <= budget]
+    if not final:
+        return None
+    return _segments(min(final, key=lambda s: (s[1], max(s[0], s[2]))))
+
+
+def _prune(states):
+    """The staircase: keep a state only if no state with P as small has (C, M) as small."""
+    kept = []
+    for s in sorted(states, key=lambda s: (s[0], s[1], s[2])):
+        if not kept or (s[1], s[2]) < (kept[-1][1], kept[-1][2]):
+            kept.append(s)
+    return kept
+
+
+def _segments(state):
+    """Follow the parents back; merge neighbouring stored layers into one segment."""
+    out = []
+    while state[3] is not None:
+        out.append(state[3])
+        state = state[4]
+    out.reverse()
+    merged = []
+    for a, b, c in out:
+        if merged and not c and not merged[-1][2]:
+            merged[-1] = (merged[-1][0], b, False)
+        else:
+            merged.append((a, b, c))
+    return merged
