@@ -169,6 +169,19 @@ def test_saved_activations_return_to_zero_after_backward(case):
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_a_forward_that_is_never_backpropagated_leaves_no_activations(case):
+    # The input batch outlives the forward's records: the holds they had on it
+    # must go with them, or it would stay counted as activations.
+    model, loss_fn, _, _ = CASES[case](numpy.random.default_rng(7))
+    before = memory.current()
+    for _ in range(3):
+        loss = loss_fn()
+        assert memory.current()["activations"] > before["activations"]
+        del loss
+        assert memory.current() == before
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_timeline_rises_in_forward_and_falls_in_backward(case):
     model, loss_fn, _, _ = CASES[case](numpy.random.default_rng(4))
     with memory.timeline() as events:

@@ -21,7 +21,7 @@ from dataclasses import fields
 
 import numpy
 
-from . import memory, random
+from . import bench, memory, random
 from .data import load_char_datasets
 from .nn import GPT, GPTConfig
 from .train import TrainingArguments, Trainer
@@ -146,9 +146,10 @@ def build_parser():
                                 description=run_train.__doc__)
     add_train_arguments(train)
     train.set_defaults(run=run_train)
-    # Further subcommands go here, each from its own module, e.g.:
-    #   bench_parser = commands.add_parser("bench", help=...); bench.add_arguments(bench_parser)
-    #   bench_parser.set_defaults(run=bench.run)
+    bench_parser = commands.add_parser("bench", help="compare checkpointing and accumulation strategies: tables, JSON, plots",
+                                       description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_arguments(bench_parser)
+    bench_parser.set_defaults(run=bench.run)
     return parser
 
 

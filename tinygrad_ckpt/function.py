@@ -54,6 +54,13 @@ class Context:
                 memory.release(a, "activations")
         self.saved_arrays = None  # None, not (): marks 'freed' for a second backward
 
+    def __del__(self):
+        # A record that dies without a backward (its output was dropped) lets go
+        # of its holds too; else a buffer that outlives it, such as the input
+        # batch, would stay counted as activations.
+        if self.saved_arrays:
+            self.free()
+
     @property
     def saved_nbytes(self):
         return sum(a.nbytes for a in self.saved_arrays or () if a is not None)

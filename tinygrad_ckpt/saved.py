@@ -50,10 +50,11 @@ from .tensor import Tensor
 #   CrossEntropy as LogSoftmax on the logits                               -> 5
 #   LayerNorm   mean, subtract, square, mean, *rstd, *weight, +bias        -> 7
 # Movement ops (Reshape, Permute, GetItem, Cat, Stack, ToDevice) copy or
-# view memory and count 0; reductions count one FLOP per input element.
+# view memory and count 0; reductions count one FLOP per input element. A
+# Checkpoint record counts 0: the ops of its segment are counted themselves.
 PER_ELEMENT = {"GELU": 9, "Dropout": 2}
 PER_INPUT_ELEMENT = {"Softmax": 5, "LogSoftmax": 5, "CrossEntropy": 5, "LayerNorm": 7, "Sum": 1, "Mean": 1, "Max": 1}
-MOVEMENT = {"Reshape", "Permute", "GetItem", "Cat", "Stack", "ToDevice"}
+MOVEMENT = {"Reshape", "Permute", "GetItem", "Cat", "Stack", "ToDevice", "Checkpoint"}
 
 
 def _size(shape):

@@ -1,0 +1,156 @@
+"""The bench's pictures, drawn with matplotlib (the optional `plot` extra).
+
+    peak_memory.png     peak memory against depth (W1) and blocks (W2), per strategy:
+                        the whole peak, and the saved activations (measured, and
+                        the analytic count as crosses)
+    timeline_w1.png     one training step per strategy, live bytes by category
+    timeline_w2.png     op by op: the forward rise, the recompute bumps (marked
+                        along the top), the backward fall
+    tradeoff.png        budget plans: activation peak against step time, each
+                        point measured by running the plan, beside the uniform
+                        schedules
+
+Input is the dict bench.collect() returns (and bench.json holds), so the
+plots can be redrawn from a saved JSON file: `plots.draw_all(json.load(f), dir)`.
+
+What does not live here: measuring (bench.py).
+"""
+
+import os
+import tempfile
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+MIB = 2**20
+# One colour per category, the same in every picture.
+COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#8172b3",
+           "accumulation": "#937860", "activations": "#55a868", "other": "#c4c4c4"}
+CATEGORIES = tuple(COLOURS)
+
+
+def draw_all(results, output_dir):
+    """Draw every picture into output_dir; returns the paths written."""
+    paths = []
+    path = os.path.join(output_dir, "peak_memory.png")
+    _save(peak_memory(results), path)
+    paths.append(path)
+    for workload, timeline in results["timelines"].items():
+        if timeline["strategies"]:
+            path = os.path.join(output_dir, f"timeline_{workload.lower()}.png")
+            _save(timelines(workload, timeline), path)
+            paths.append(path)
+    path = os.path.join(output_dir, "tradeoff.png")
+    _save(tradeoff(results), path)
+    paths.append(path)
+    return paths
+
+
+def _save(fig, path):
+    """Save atomically: a temporary file in the same folder, then os.replace."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def peak_memory(results):
+    """Top: the step's whole peak; bottom: the peak of saved activations (x: the analytic count)."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), squeeze=False)
+    for col, (workload, xlabel) in enumerate((("W1", "depth (layers)"), ("W2", "blocks"))):
+        rows = [r for r in results["rows"] if r["workload"] == workload and not r.get("infeasible")]
+        strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+        for strategy in strategies:
+            points = sorted((r["size"], r) for r in rows if r["strategy"] == strategy)
+            sizes = [s for s, _ in points]
+            line, = axes[0][col].plot(sizes, [r["peak_bytes"] / MIB for _, r in points], "o-", label=strategy)
+            axes[1][col].plot(sizes, [r["activation_peak_bytes"] / MIB for _, r in points], "o-", color=line.get_color(), label=strategy)
+            axes[1][col].plot(sizes, [r["predicted_activation_bytes"] / MIB for _, r in points], "x", color="black", markersize=7)
+        axes[0][col].set_title(f"{workload}: peak live memory of a training step")
+        axes[1][col].set_title(f"{workload}: peak of saved activations (x = predicted)")
+        for row in (0, 1):
+            ax = axes[row][col]
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("MiB")
+            if rows:
+                ax.set_xticks(sorted({r["size"] for r in rows}))
+                ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def timelines(workload, timeline):
+    """One panel per strategy: live bytes by category, op by op, recompute shaded."""
+    strategies = timeline["strategies"]
+    fig, axes = plt.subplots(len(strategies), 1, figsize=(11, 2.4 * len(strategies)), squeeze=False)
+    top = max((sum(e[c] for c in CATEGORIES) for events in strategies.values() for e in events), default=1) / MIB
+    for ax, (strategy, events) in zip(axes[:, 0], strategies.items()):
+        steps = range(len(events))
+        ax.stackplot(steps, *[[e[c] / MIB for e in events] for c in CATEGORIES],
+                     labels=CATEGORIES, colors=[COLOURS[c] for c in CATEGORIES], step="post")
+        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") == "op", "#e8a33d", "recompute (forward again)")
+        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") != "op", "#7fb3d5", "the segment's backward")
+        first_backward = next((i for i, e in enumerate(events) if e["phase"] != "forward"), None)
+        if first_backward is not None:
+            ax.axvline(first_backward, color="black", lw=0.8, ls="--")
+        ax.set_ylim(0, top * 1.05)
+        ax.set_xlim(0, max(len(events) - 1, 1))
+        ax.set_ylabel("MiB")
+        ax.set_title(f"{workload} size {timeline['size']}, {strategy}: forward | backward (dashed line)", fontsize=9)
+    legend = {}
+    for ax in axes[:, 0]:  # one legend for all panels: categories, and the recompute marks
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(legend.values(), legend.keys(), loc="upper center", ncol=8, fontsize=8)
+    axes[-1, 0].set_xlabel("event: an op's forward (or its recompute), or a record's backward, in the order they ran")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    return fig
+
+
+def _shade(ax, events, inside, colour, label):
+    """Mark the runs of consecutive events for which inside(event) holds: a band along the top."""
+    start = None
+    labelled = False
+    for i, e in enumerate(events + [None]):
+        if e is not None and inside(e):
+            start = i if start is None else start
+        elif start is not None:
+            ax.axvspan(start, i, ymin=0.93, ymax=1.0, color=colour, lw=0, label=None if labelled else label)
+            ax.axvspan(start, i, color=colour, alpha=0.08, lw=0)
+            labelled, start = True, None
+
+
+def tradeoff(results):
+    """Budget plans (a line through the budgets) and uniform schedules (markers): memory against time."""
+    curves = results["tradeoff"]
+    fig, axes = plt.subplots(1, max(len(curves), 1), figsize=(6 * max(len(curves), 1), 4.5), squeeze=False)
+    markers = {"none": "s", "every layer": "^", "sqrt(n)": "D", "selective": "P"}
+    for ax, curve in zip(axes[0], curves):
+        base = curve["baseline"]
+        measured = [r for r in curve["rows"] if not r.get("infeasible")]
+        if base is not None and measured:
+            points = sorted((r["step_seconds"] / base["step_seconds"], r["activation_peak_bytes"] / MIB, r) for r in measured)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="#55a868", label="budget plans (measured)")
+            for x, y, r in points:
+                ax.annotate(r["strategy"].replace("budget ", ""), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        uniform = [r for r in results["rows"] if r["workload"] == curve["workload"] and r["size"] == curve["size"]
+                   and r["strategy"] in markers and not r.get("infeasible")]
+        for r in uniform:
+            if base is not None:
+                ax.plot(r["step_seconds"] / base["step_seconds"], r["activation_peak_bytes"] / MIB,
+                        markers[r["strategy"]], markersize=9, label=r["strategy"])
+        ax.set_title(f"{curve['workload']} size {curve['size']}: memory against time")
+        ax.set_xlabel("step time / no checkpointing (median)")
+        ax.set_ylabel("peak of saved activations, MiB")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
