@@ -110,3 +110,60 @@ def test_compare_lists_the_arrays_only_one_version_saves():
     assert [(e.op, e.slot) for e in diff.only_before] == [("Mul", 0), ("Mul", 1)]
     assert diff.only_after == []
     assert "saved by plain only" in str(diff)
+
+
+def _block(rng, s=8, b=2, h=16, a=2):
+    from tinygrad_ckpt.nn.transformer import GPTConfig, TransformerBlock
+
+    block = TransformerBlock(GPTConfig(n_embd=h, n_head=a, dropout=0.0, block_size=s), rng=rng)
+    x = Tensor(rng.standard_normal((b, s, h), dtype=F32), requires_grad=True)
+    return block, x
+
+
+def test_a_checkpointed_block_saves_its_input_and_recomputes_its_forward():
+    from tinygrad_ckpt.checkpoint import checkpoint
+
+    rng = numpy.random.default_rng(4)
+    block, x = _block(rng)
+    plain = saved_activations(lambda x: block(x).sum(), x, name="plain")
+    ckpt = saved_activations(lambda x: checkpoint(block, x).sum(), x, name="checkpointed")
+    # What the checkpointed version keeps: one record, the segment's input.
+    assert [(e.op, e.shape, e.charged) for e in ckpt.entries] == [("Checkpoint", x.shape, x.data.nbytes)]
+    assert ckpt.total == ckpt.measured == x.data.nbytes
+    diff = compare(plain, ckpt)
+    assert len(diff.only_before) == len(plain.entries) and diff.only_after == ckpt.entries
+    # It recomputes every op of the block once: the forward's FLOPs less the
+    # final sum's (outside the checkpoint), one FLOP per element of x.
+    assert ckpt.recompute_flops == plain.forward_flops - x.data.size
+    assert [r.op for r in ckpt.recomputed][:2] == ["LayerNorm", "Linear"]
+    assert "recompute cost of checkpointed" in str(diff)
+
+
+def test_a_policy_keeps_its_ops_out_of_the_recompute():
+    from tinygrad_ckpt import policies
+    from tinygrad_ckpt.checkpoint import checkpoint
+
+    rng = numpy.random.default_rng(5)
+    block, x = _block(rng)
+    plain = saved_activations(lambda x: block(x).sum(), x)
+    policy = policies.selective_attention  # keep Linear outputs, recompute the rest
+    sel = saved_activations(lambda x: checkpoint(block, x, policy=policy).sum(), x, policy=policy)
+    linear = sum(op_flops("Linear", [t.shape for t in n.inputs], n.shapes) for n in _linear_nodes(block, x))
+    assert "Linear" not in {r.op for r in sel.recomputed}
+    assert sel.recompute_flops == plain.forward_flops - x.data.size - linear
+    # The Checkpoint record now also keeps the four Linear outputs (b, s, 3h), (b, s, h), (b, s, 4h), (b, s, h).
+    b, s, h = x.shape
+    kept = sorted(e.shape for e in sel.entries if e.op == "Checkpoint")
+    assert kept == sorted([x.shape, (b, s, 3 * h), (b, s, h), (b, s, 4 * h), (b, s, h)])
+    assert sel.total == sel.measured
+
+
+def _linear_nodes(block, x):
+    from tinygrad_ckpt import tape
+
+    record = tape.Tape()
+    with tape.recording(record):
+        out = block(x)
+    nodes = [n for n in record.nodes() if n.name == "Linear"]
+    del out
+    return nodes

@@ -150,11 +150,14 @@ class SavedActivations:
     __repr__ = __str__
 
 
-def saved_activations(fn, *inputs, name=None):
+def saved_activations(fn, *inputs, name=None, policy=None):
     """Run `fn(*inputs)` and its backward on a fresh tape; report what was saved.
 
     `fn` returns a Tensor (a loss, or any output: backward then starts from a
     gradient of ones). See the module docstring for how bytes are charged.
+    policy: the checkpoint policy `fn` uses, if any (policies.py). The ops it
+    keeps are replayed from what they kept, not run, in the recompute: they
+    are left out of the recompute and its FLOPs.
     """
     for i, x in enumerate(inputs):
         if not isinstance(x, Tensor):
@@ -174,17 +177,17 @@ def saved_activations(fn, *inputs, name=None):
         with memory.timeline() as backward_events:
             out.backward(grad)
         recomputed = [
-            Recomputed(e["op"], e.get("output_shapes", []), op_flops(e["op"], e.get("input_shapes", []), e.get("output_shapes", [])))
+            Recomputed(e["op"], e["output_shapes"], op_flops(e["op"], e["input_shapes"], e["output_shapes"]))
             for e in backward_events
-            if e["phase"] == "recompute" and "output_shapes" in e
+            if e["phase"] == "recompute" and "output_shapes" in e and (policy is None or policy(e["op"]) == "recompute")
         ]
-    forward_flops = sum(op_flops(e["op"], e.get("input_shapes", []), e.get("output_shapes", [])) for e in forward_events)
+    forward_flops = sum(op_flops(e["op"], e["input_shapes"], e["output_shapes"]) for e in forward_events if "output_shapes" in e)
     return SavedActivations(name or getattr(fn, "__name__", "fn"), entries, measured, forward_flops, recomputed)
 
 
-def print_saved_activations(fn, *inputs, name=None):
+def print_saved_activations(fn, *inputs, name=None, policy=None):
     """Print the report for `fn(*inputs)` (and return it)."""
-    report = saved_activations(fn, *inputs, name=name)
+    report = saved_activations(fn, *inputs, name=name, policy=policy)
     print(report)
     return report
 
