@@ -254,3 +254,24 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
         trainer.save_checkpoint()
     assert (tmp_path / "checkpoint.npz").read_bytes() == good
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_training_on_a_device_never_copies_to_the_host_behind_our_back(tmp_path):
+    """The Trainer on device 'cuda' backed by the strict CuPy stand-in: every transfer is explicit."""
+    from tinygrad_ckpt import backend, strict_cupy
+
+    previous = backend.set_cuda_module(strict_cupy)
+    try:
+        config = GPTConfig(block_size=T, vocab_size=V, n_layer=1, n_head=2, n_embd=16, dropout=0.1)
+        model = GPT(config, rng=numpy.random.default_rng(0), device="cuda")
+        trainer = Trainer(model, args(gradient_accumulation_steps=2, max_steps=3, save_steps=2,
+                                      output_dir=str(tmp_path)), dataset(), eval_dataset=dataset(seed=2))
+        history = trainer.train()
+        assert all(isinstance(p.data, strict_cupy.ndarray) for p in model.parameters())
+        assert all(isinstance(buf, strict_cupy.ndarray) for buf in trainer.accumulator.buffers)
+        assert "eval_loss" in history[-1] and history[-2]["loss"] > 0
+        resumed = Trainer(GPT(config, rng=numpy.random.default_rng(1), device="cuda"),
+                          args(gradient_accumulation_steps=2, max_steps=3, output_dir=str(tmp_path)), dataset())
+        resumed.train(resume_from_checkpoint=True)
+    finally:
+        backend.set_cuda_module(previous)

@@ -4,6 +4,8 @@ What lives here: the accumulator, and nothing else. The loop that uses it is
 in train.py (Trainer); the optimizers are in optim.py.
 """
 
+import numbers
+
 from . import backend, memory
 from .tensor import Tensor
 
@@ -19,9 +21,10 @@ class GradientAccumulator:
 
         acc = GradientAccumulator(model.parameters(), gradient_accumulation_steps=8)
         for batch in micro_batches:
-            logits, _ = model(batch["input_ids"])
-            loss = F.cross_entropy(logits.reshape(B * T, V), labels.reshape(B * T), reduction="sum")
+            logits, _ = model(batch["input_ids"])                  # (B, T, vocab)
+            loss = F.cross_entropy(logits, batch["labels"], reduction="sum")
             loss.backward()                      # p.grad = d(sum of this micro-batch's losses)/dp
+            num_items = int((batch["labels"] != -100).sum())       # tokens that count
             acc.accumulate(num_items)            # buffer += p.grad; p.grad = None; count items
             if acc.sync_gradients:               # this micro-batch ends a group: step now
                 acc.write_grads()                # p.grad = buffer / items in the whole group
@@ -84,7 +87,7 @@ class GradientAccumulator:
     """
 
     def __init__(self, parameters, gradient_accumulation_steps=1, dtype=None):
-        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
+        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, numbers.Integral):
             raise TypeError(f"gradient_accumulation_steps must be an int, got {gradient_accumulation_steps!r}")
         if gradient_accumulation_steps < 1:
             raise ValueError(
@@ -93,7 +96,7 @@ class GradientAccumulator:
         self.parameters = list(parameters)
         if not self.parameters:
             raise ValueError("GradientAccumulator: no parameters given (did you pass an exhausted generator?)")
-        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
         self.buffers = []
         for p in self.parameters:
             xp = backend.array_module(p.data)
