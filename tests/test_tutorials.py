@@ -69,6 +69,18 @@ def test_harness_ellipsis_and_blocks_share_one_namespace(tmp_path):
     harness.run(_write(tmp_path, text))
 
 
+def test_leading_spaces_are_part_of_the_output(tmp_path):
+    # A right-aligned table: every line starts with spaces, which must be kept
+    # (not dedented) both when checking and when refreshing.
+    text = "```python\nprint('  42')\nprint(' 7')\n```\n\n```output\n{}```\n\nEnd.\n"
+    harness.run(_write(tmp_path, text.format("  42\n 7\n")))
+    with pytest.raises(AssertionError):
+        harness.run(_write(tmp_path, text.format("42\n7\n")))
+    path = _write(tmp_path, text.format("  100\n  200\n  300\n"))
+    harness.run(path, refresh=True)
+    assert path.read_text() == text.format("  42\n 7\n")
+
+
 def test_refresh_rewrites_outputs_and_adds_missing_ones(tmp_path):
     path = _write(tmp_path, "# T\n\n```python\nprint(6 * 7)\n```\n\n```output\nold\n```\n\n```python\nprint('new')\n```\n\nEnd.\n")
     harness.run(path, refresh=True)

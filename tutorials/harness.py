@@ -59,13 +59,13 @@ def run_python(example):
 
 def check_output(example):
     """Compare an output block with what the Python block above it printed."""
-    kind, expected = example.parsed
+    kind, expected, start = example.parsed
     pending = example.namespace.pop("__printed__", None)
     actual = pending[1] if pending else ""
     refresh = example.namespace.get("__refresh__")
     if refresh is not None:
         text = actual if actual.endswith("\n") else actual + "\n"
-        refresh.append((example.region.start + expected.offset, len(expected), text))
+        refresh.append((start, len(expected), text))
         return None
     if not _matches(expected, actual, timing=kind.endswith("timing")):
         raise SybilFailure(example, f"Expected:\n{_indent(expected)}Got:\n{_indent(actual)}")
@@ -107,7 +107,11 @@ def parse_outputs(document):
     """The ```output blocks of a document, each checked by check_output."""
     lexer = FencedCodeBlockLexer(language=r"output(?: timing)?", mapping={"language": "kind", "source": "source"})
     for region in lexer(document):
-        region.parsed = (region.lexemes["kind"], region.lexemes["source"])
+        # The block's text exactly as written (Sybil's lexeme is dedented, and a
+        # right-aligned table's leading spaces are part of what is printed).
+        start = region.start + region.lexemes["source"].offset
+        end = document.text.rindex("\n", start - 1, region.end) + 1  # where the closing fence's line starts
+        region.parsed = (region.lexemes["kind"], document.text[start:end], start)
         region.evaluator = check_output
         yield region
 
