@@ -57,6 +57,8 @@ which ops a policy keeps instead of recomputing (policies.py).
 import weakref
 from contextlib import contextmanager
 
+import numpy
+
 from . import backend, memory, random, tape
 from .function import Function
 from .policies import ReplayTape, Stash
@@ -248,7 +250,7 @@ class _Segment:
         if self.stash is not None:
             self.stash.finish_forward()
         # Plain tensors (cut from the stand-in records the SegmentTape made).
-        outs = tuple(Tensor(o.data) for o in outs)
+        outs = tuple(o.detach() for o in outs)
         return outs if self.multiple else outs[0]
 
     def stash_arrays(self):
@@ -263,10 +265,10 @@ class _Segment:
                 raise RuntimeError(
                     f"checkpoint: input {i} (shape {tuple(a.shape)}) of segment '{self.name}' was "
                     f"modified in place after the segment's forward (version {version} -> {t._version}); "
-                    "its recompute would see other values. Modify a copy instead "
-                    "(Tensor(x.data.copy())), or do it after backward."
+                    "its recompute would see other values. Modify a copy instead, or modify "
+                    "it after backward."
                 )
-            copies.append(Tensor(a, requires_grad=requires_grad))
+            copies.append(Tensor(a, requires_grad=requires_grad, device=backend.device_of(a)))
         for p, version in zip(self.params, self.param_versions):
             if p._version != version:
                 raise RuntimeError(
@@ -319,11 +321,12 @@ class _Segment:
                 )
         if self.check_values:
             for i, (o, before) in enumerate(zip(outs, self.out_values)):
-                xp = backend.array_module(o.data)
+                # Compared on the host (an explicit copy: this is a debugging aid).
                 # rtol 1e-5: a recompute runs the same ops on the same arrays, so
                 # values agree to the last bits; this only allows for reordered sums.
-                if not bool(xp.allclose(o.data, before, rtol=1e-5, atol=1e-8, equal_nan=True)):
-                    worst = float(abs(o.data - before).max())
+                now, before = backend.to_host(o.data), backend.to_host(before)
+                if not numpy.allclose(now, before, rtol=1e-5, atol=1e-8, equal_nan=True):
+                    worst = float(abs(now - before).max())
                     raise RuntimeError(
                         f"checkpoint: the recompute of segment '{self.name}' gave other values for "
                         f"output {i} than its forward (largest difference {worst:.3g}); is it random "

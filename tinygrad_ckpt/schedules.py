@@ -155,7 +155,7 @@ def measure_layers(layers, x, repeats=2):
     for i, layer in enumerate(layers):
         seconds = math.inf
         for _ in range(repeats):
-            inp = Tensor(x.data, requires_grad=x.requires_grad)
+            inp = Tensor(x.data, requires_grad=x.requires_grad, device=x.device)
             recorded = tape.Tape()
             start = time.perf_counter()
             with tape.recording(recorded):
@@ -176,7 +176,7 @@ def measure_layers(layers, x, repeats=2):
         saved.pop(in_id, None)
         name = getattr(layer, "name", None) or type(layer).__name__
         costs.append(LayerCost(f"{i}:{name}", inp.data.nbytes, sum(saved.values()), saves_input, y.data.nbytes, seconds))
-        x = Tensor(y.data, requires_grad=y.requires_grad)
+        x = Tensor(y.data, requires_grad=y.requires_grad, device=y.device)
     return costs
 
 

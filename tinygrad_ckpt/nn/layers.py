@@ -22,6 +22,7 @@ import numpy
 from .. import backend
 from .. import functional as F
 from .. import random
+from ..checkpoint import is_recomputing
 from ..tensor import Tensor
 from .module import Module, Parameter
 
@@ -149,7 +150,13 @@ class BatchNorm1d(Module):
         return out
 
     def _update_running_stats(self, mean, var):
-        """running = (1 - momentum) * running + momentum * batch, in place (mean, var: arrays (C,))."""
+        """running = (1 - momentum) * running + momentum * batch, in place (mean, var: arrays (C,)).
+
+        Not while a checkpointed segment recomputes its forward: that forward
+        already updated them once (PyTorch updates them twice).
+        """
+        if is_recomputing():
+            return
         m = self.momentum
         self.running_mean.mul_(1 - m).add_(mean, alpha=m)
         self.running_var.mul_(1 - m).add_(var, alpha=m)

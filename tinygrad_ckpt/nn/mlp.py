@@ -6,12 +6,18 @@ simplest place to see what activation checkpointing saves.
 
     x -> [Linear -> GELU] x n_layers -> Linear -> out
 
+`model.gradient_checkpointing_enable()` (Hugging Face's name) makes forward
+run the blocks through checkpoint_sequential: each segment keeps only its
+input and is recomputed in backward.
+
 What does not live here: the layers (layers.py), checkpointing (checkpoint.py).
 """
 
 import numpy
 
 from .. import random
+from ..checkpoint import checkpoint_sequential
+from ..schedules import segment_bounds
 from .layers import GELU, Linear, ReLU, Sequential, Tanh
 from .module import Module
 
@@ -46,9 +52,23 @@ class MLP(Module):
             blocks.append(Sequential(linear, _activation(activation)))
         self.blocks = Sequential(*blocks)
         self.head = Linear(hidden_features if n_layers else in_features, out_features, dtype=dtype, device=device, rng=rng)
+        self.checkpoint_segments = None  # set by gradient_checkpointing_enable
+        self.checkpoint_policy = None
+
+    def gradient_checkpointing_enable(self, segments="every", policy=None):
+        """Checkpoint the blocks: segments 'every' (one per block), 'sqrt', an int,
+        boundaries or a schedules.Plan (see checkpoint_sequential); policy: see policies.py."""
+        segment_bounds(len(self.blocks), segments)  # a bad value fails here, not in forward
+        self.checkpoint_segments, self.checkpoint_policy = segments, policy
+
+    def gradient_checkpointing_disable(self):
+        self.checkpoint_segments = self.checkpoint_policy = None
 
     def forward(self, x):
         # x: (..., in_features) -> (..., out_features)
-        for block in self.blocks:
-            x = block(x)  # (..., hidden_features)
+        if self.checkpoint_segments is not None:
+            x = checkpoint_sequential(self.blocks, self.checkpoint_segments, x, policy=self.checkpoint_policy)
+        else:
+            for block in self.blocks:
+                x = block(x)  # (..., hidden_features)
         return self.head(x)

@@ -15,6 +15,10 @@ projections that write into the residual stream (attention's and the
 feed-forward's c_proj) N(0, (0.02 / sqrt(2 n_layer))^2), so the residual
 stream's variance does not grow with depth.
 
+`model.gradient_checkpointing_enable()` (Hugging Face's name) makes forward
+run the blocks through checkpoint_sequential: each block (by default) keeps
+only its input, (B, T, C), and is recomputed in backward.
+
 What does not live here: the layers (layers.py), checkpointing (checkpoint.py),
 the training loop (train.py).
 """
@@ -26,6 +30,8 @@ import numpy
 
 from .. import backend, random
 from .. import functional as F
+from ..checkpoint import checkpoint_sequential
+from ..schedules import segment_bounds
 from ..tape import no_grad
 from ..tensor import Tensor
 from .layers import GELU, Dropout, Embedding, LayerNorm, Linear, Sequential
@@ -137,6 +143,19 @@ class GPT(Module):
             # One matrix both reads tokens in and scores them out; it is found
             # (and saved, and updated) once, under its first name, wte.weight.
             self.lm_head.weight = self.wte.weight
+        self.checkpoint_segments = None  # set by gradient_checkpointing_enable
+        self.checkpoint_policy = None
+
+    def gradient_checkpointing_enable(self, segments="every", policy=None):
+        """Checkpoint the blocks: segments 'every' (one per block), 'sqrt', an int,
+        boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
+        policies.py (policies.selective_attention recomputes only the attention core
+        and the elementwise ops)."""
+        segment_bounds(len(self.blocks), segments)  # a bad value fails here, not in forward
+        self.checkpoint_segments, self.checkpoint_policy = segments, policy
+
+    def gradient_checkpointing_disable(self):
+        self.checkpoint_segments = self.checkpoint_policy = None
 
     def forward(self, idx, targets=None):
         """idx, targets: integer (B, T) (arrays or Tensors); targets of -100 are ignored.
@@ -151,8 +170,11 @@ class GPT(Module):
         tok_emb = self.wte(idx)  # (B, T, C)
         pos_emb = self.wpe(pos)  # (T, C), broadcast over the batch
         x = self.drop(tok_emb + pos_emb)  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)  # (B, T, C)
+        if self.checkpoint_segments is not None:
+            x = checkpoint_sequential(self.blocks, self.checkpoint_segments, x, policy=self.checkpoint_policy)
+        else:
+            for block in self.blocks:
+                x = block(x)  # (B, T, C)
         x = self.ln_f(x)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:

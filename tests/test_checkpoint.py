@@ -1,0 +1,470 @@
+"""Checkpointing: same gradients as without, one record per segment, memory, RNG, state, errors.
+
+Tolerances. A recompute runs the same ops on the same arrays, so in float64
+the gradients agree to rounding: we allow rtol 1e-12 (atol 1e-14), which
+only leaves room for sums added in another order. float32: rtol 1e-5,
+atol 1e-6, a few ulps on these magnitudes.
+
+These tests run on NumPy and on the strict CuPy stand-in (conftest.py), so
+inputs and models are made on the default device.
+"""
+
+import numpy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinygrad_ckpt import Tensor, backend, memory, nn, policies, random, strict_cupy, tape
+from tinygrad_ckpt import functional as F
+from tinygrad_ckpt.checkpoint import checkpoint, checkpoint_sequential, is_recomputing
+from tinygrad_ckpt.nn.mlp import MLP
+from tinygrad_ckpt.nn.transformer import GPT, GPTConfig
+from tinygrad_ckpt.ops import matmul
+
+F64 = numpy.float64
+RTOL64, ATOL64 = 1e-12, 1e-14
+RTOL32, ATOL32 = 1e-5, 1e-6
+
+
+def randn(*shape, seed=0, dtype=F64, requires_grad=False):
+    return Tensor(numpy.random.default_rng(seed).standard_normal(shape).astype(dtype), requires_grad=requires_grad)
+
+
+def assert_same_grads(got, want, rtol=RTOL64, atol=ATOL64):
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g is None) == (w is None), f"gradient {i}: one is None"
+        if g is not None:
+            numpy.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"gradient {i}")
+
+
+def grads(tensors):
+    return [t.grad.numpy() if t.grad is not None else None for t in tensors]
+
+
+def zero(params):
+    for p in params:
+        p.grad = None
+
+
+def chain(depth, width, p_drop, seed=0):
+    """Linear -> GELU (-> Dropout) blocks, float64, with their own dropout generator."""
+    init = numpy.random.default_rng(seed)
+    drop_rng = numpy.random.default_rng(seed + 1)
+    blocks = []
+    for _ in range(depth):
+        layers = [nn.Linear(width, width, dtype=F64, rng=init), nn.GELU()]
+        if p_drop:
+            layers.append(nn.Dropout(p_drop, rng=drop_rng))
+        blocks.append(nn.Sequential(*layers))
+    return blocks, drop_rng
+
+
+def params_of(blocks):
+    return [p for b in blocks for p in b.parameters()]
+
+
+def run_chain(blocks, x, segments=None, policy=None):
+    if segments is None:
+        for b in blocks:
+            x = b(x)
+        return x
+    return checkpoint_sequential(blocks, segments, x, policy=policy)
+
+
+def user_policy(op):
+    """A user callable: keep layer norms and GELUs, recompute everything else."""
+    return "save" if op in ("LayerNorm", "GELU") else "recompute"
+
+
+POLICIES = [None, policies.nothing_saveable, policies.save_matmuls, policies.everything_saveable,
+            policies.offload_matmuls, user_policy]
+
+
+# -- the same gradients ---------------------------------------------------------
+@settings(max_examples=12)
+@given(depth=st.integers(1, 5), width=st.integers(1, 4), batch=st.integers(1, 3),
+       segments=st.one_of(st.integers(1, 5), st.sampled_from(["sqrt", "every"])),
+       p_drop=st.sampled_from([0.0, 0.3]), policy=st.sampled_from(POLICIES),
+       input_grad=st.booleans(), seed=st.integers(0, 2**16))
+def test_chain_gradients_equal_without_checkpointing(depth, width, batch, segments, p_drop, policy, input_grad, seed):
+    segments = min(segments, depth) if isinstance(segments, int) else segments
+    blocks, drop_rng = chain(depth, width, p_drop, seed)
+    params = params_of(blocks)
+    start = drop_rng.bit_generator.state
+    results = []
+    for segs in (None, segments):
+        drop_rng.bit_generator.state = start
+        zero(params)
+        x = randn(batch, width, seed=seed, requires_grad=input_grad)
+        (run_chain(blocks, x, segs, policy) ** 2).sum().backward()
+        results.append((grads(params + [x]), drop_rng.bit_generator.state))
+    assert_same_grads(results[1][0], results[0][0])
+    assert results[1][1] == results[0][1]  # the dropout generator ends where it would have
+
+
+def tiny_gpt(n_layer, dropout, seed=0, dtype=F64):
+    config = GPTConfig(block_size=8, vocab_size=11, n_layer=n_layer, n_head=2, n_embd=8, dropout=dropout)
+    gen = numpy.random.default_rng(seed)
+    return GPT(config, rng=gen, dtype=dtype), gen
+
+
+@settings(max_examples=8)
+@given(n_layer=st.integers(1, 3), T=st.integers(2, 8), dropout=st.sampled_from([0.0, 0.2]),
+       segments=st.sampled_from(["every", "sqrt", 1]),
+       policy=st.sampled_from([None, policies.selective_attention, policies.save_matmuls, user_policy]),
+       seed=st.integers(0, 2**16))
+def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments, policy, seed):
+    model, gen = tiny_gpt(n_layer, dropout, seed)
+    idx = numpy.random.default_rng(seed).integers(0, 11, (2, T))
+    start = gen.bit_generator.state
+    results = []
+    for enable in (False, True):
+        gen.bit_generator.state = start
+        model.zero_grad()
+        if enable:
+            model.gradient_checkpointing_enable(segments, policy=policy)
+        else:
+            model.gradient_checkpointing_disable()
+        _, loss = model(idx, idx)
+        loss.backward()
+        results.append((grads(list(model.parameters())), gen.bit_generator.state, loss.item()))
+    assert_same_grads(results[1][0], results[0][0])
+    assert results[1][1] == results[0][1]
+    assert results[1][2] == results[0][2]
+
+
+def test_mlp_float32_gradients_within_tolerance():
+    model = MLP(6, 8, 3, n_layers=5, rng=numpy.random.default_rng(0))
+    x = randn(4, 6, dtype=numpy.float32, requires_grad=True)
+    results = []
+    for enable in (False, True):
+        model.zero_grad()
+        x.grad = None
+        if enable:
+            model.gradient_checkpointing_enable("sqrt")
+        (model(x) ** 2).mean().backward()
+        results.append(grads(list(model.parameters()) + [x]))
+    assert_same_grads(results[1], results[0], rtol=RTOL32, atol=ATOL32)
+
+
+def test_multiple_inputs_outputs_keywords_and_non_tensor_arguments():
+    a, b = randn(3, 2, seed=1, requires_grad=True), randn(3, 2, seed=2, requires_grad=True)
+    w = nn.Linear(2, 2, dtype=F64, rng=numpy.random.default_rng(3))
+
+    def fn(a, scale, b=None, mode="x"):
+        assert mode == "y" and scale == 2.0
+        h = w(a * b)
+        return h.tanh() * scale, (h + b).exp()
+
+    results = []
+    for use in (False, True):
+        zero([a, b] + list(w.parameters()))
+        y, z = checkpoint(fn, a, 2.0, b=b, mode="y") if use else fn(a, 2.0, b=b, mode="y")
+        (y.sum() + (z * z).sum()).backward()
+        results.append(grads([a, b] + list(w.parameters())))
+    assert_same_grads(results[1], results[0])
+
+
+# -- what the tape holds ------------------------------------------------------------
+def test_one_record_per_segment_saving_only_its_inputs():
+    blocks, _ = chain(6, 4, 0.0)
+    x = randn(3, 4, requires_grad=True)
+    recorded = tape.Tape()
+    with tape.recording(recorded):
+        y = checkpoint_sequential(blocks, 3, x)
+        nodes = recorded.nodes()
+        assert [n.name for n in nodes] == ["Checkpoint"] * 3
+        assert all(n.ctx.saved_nbytes == 3 * 4 * 8 for n in nodes)  # one (3, 4) float64 input each
+        assert "Checkpoint" in repr(recorded)
+        (y * y).sum().backward()
+    assert all(n.freed for n in nodes)
+    assert x.grad is not None
+
+
+def test_saved_activations_are_only_the_inputs_and_recompute_is_freed():
+    blocks, _ = chain(8, 16, 0.0)
+    x = randn(4, 16)
+    before = memory.current()["activations"]
+    y = checkpoint_sequential(blocks, "every", x)
+    loss = (y * y).sum()
+    # 8 records, each saving its (4, 16) float64 input (the first one is x),
+    # plus Mul's saved y: 9 buffers of 512 bytes.
+    assert memory.current()["activations"] - before == 9 * 4 * 16 * 8
+    with memory.timeline() as events:
+        loss.backward()
+    assert any(e["phase"] == "recompute" for e in events)
+    assert memory.current()["activations"] == before
+
+
+def test_policy_keeps_results_as_saved_activations_of_the_record():
+    blocks, _ = chain(1, 4, 0.0)
+    x = randn(3, 4)
+    plain = checkpoint(blocks[0], x)
+    kept = checkpoint(blocks[0], x, policy=policies.save_matmuls)
+    # save_matmuls keeps Linear's (3, 4) output; its saved x is the input
+    # (kept once) and its weight a parameter (not an activation).
+    assert plain._node.ctx.saved_nbytes == 3 * 4 * 8
+    assert kept._node.ctx.saved_nbytes == 2 * 3 * 4 * 8
+
+
+def test_save_matmuls_does_not_recompute_matmuls(monkeypatch):
+    model, gen = tiny_gpt(2, 0.1)
+    calls = {"Linear": 0, "MatMul": 0}
+    for name in calls:
+        op = getattr(matmul, name)
+        original = op.forward
+
+        def counting(ctx, *arrays, _original=original, _name=name, **options):
+            calls[_name] += 1
+            return _original(ctx, *arrays, **options)
+
+        monkeypatch.setattr(op, "forward", staticmethod(counting))
+    idx = numpy.zeros((2, 8), dtype=numpy.int64)
+    counts = {}
+    for policy in (None, policies.save_matmuls, policies.selective_attention):
+        model.gradient_checkpointing_enable("every", policy=policy)
+        _, loss = model(idx, idx)
+        forward = dict(calls)
+        loss.backward()
+        counts[policy] = {k: calls[k] - forward[k] for k in calls}  # forward runs in backward
+        for k in calls:
+            calls[k] = 0
+    # Per block: 4 Linear, 2 MatMul. Full recompute runs them all again; save_matmuls none;
+    # selective_attention only the attention core's two MatMuls.
+    assert counts[None] == {"Linear": 8, "MatMul": 4}
+    assert counts[policies.save_matmuls] == {"Linear": 0, "MatMul": 0}
+    assert counts[policies.selective_attention] == {"Linear": 0, "MatMul": 4}
+
+
+def test_offload_moves_kept_arrays_to_the_host_on_a_device(array_backend):
+    blocks, _ = chain(1, 4, 0.0)
+    x = randn(3, 4)
+    saved = checkpoint(blocks[0], x, policy=policies.save_matmuls)._node.ctx.saved_nbytes
+    strict_cupy.reset_transfers()
+    y = checkpoint(blocks[0], x, policy=policies.offload_matmuls)
+    if x.device == "cpu":  # NumPy: nothing to offload to, "offload" is "save"
+        assert y._node.ctx.saved_nbytes == saved
+    else:  # the kept Linear output waits on the host: the record holds only the input
+        assert y._node.ctx.saved_nbytes == 3 * 4 * 8
+        if array_backend == "strict":
+            assert strict_cupy.transfers["device_to_host"] == 1
+    (y * y).sum().backward()
+    if array_backend == "strict":
+        assert strict_cupy.transfers["host_to_device"] == 1  # and comes back for backward
+
+
+# -- parameters when the input needs no gradient; nesting ---------------------------
+def test_parameters_get_gradients_when_the_input_does_not_require_grad():
+    blocks, _ = chain(4, 3, 0.0)
+    params = params_of(blocks)
+    x = randn(2, 3)  # data: requires_grad=False
+    results = []
+    for segs in (None, 2):
+        zero(params)
+        y = run_chain(blocks, x, segs)
+        if segs is not None:
+            assert y._node is not None and y._node.name == "Checkpoint"  # recorded all the same
+        (y * y).sum().backward()
+        results.append(grads(params))
+    assert all(g is not None for g in results[1])
+    assert_same_grads(results[1], results[0])
+    assert x.grad is None
+
+
+def test_nothing_recorded_when_nothing_inside_needs_a_gradient():
+    w = Tensor(numpy.ones((2, 2)))
+    y = checkpoint(lambda x: x @ w, randn(3, 2))
+    assert y._node is None and not y.requires_grad
+
+
+def test_nested_checkpoints():
+    blocks, drop_rng = chain(6, 3, 0.25)
+    params = params_of(blocks)
+    x = randn(2, 3, requires_grad=True)
+
+    def inner(h, part):
+        return checkpoint_sequential(part, 3, h)
+
+    def outer(h):
+        h = checkpoint(inner, h, blocks[:3])
+        return checkpoint(inner, h, blocks[3:])
+
+    start = drop_rng.bit_generator.state
+    results = []
+    for nested in (False, True):
+        drop_rng.bit_generator.state = start
+        zero(params + [x])
+        recorded = tape.Tape()
+        with tape.recording(recorded):
+            y = checkpoint(outer, x) if nested else run_chain(blocks, x)
+            if nested:
+                assert [n.name for n in recorded.nodes()] == ["Checkpoint"]
+            (y * y).sum().backward()
+        results.append((grads(params + [x]), drop_rng.bit_generator.state))
+    assert_same_grads(results[1][0], results[0][0])
+    assert results[1][1] == results[0][1]
+
+
+def test_backward_twice_with_retain_graph():
+    for policy in (None, policies.save_matmuls):
+        blocks, _ = chain(2, 3, 0.0)
+        x = randn(2, 3, requires_grad=True)
+        loss = (checkpoint_sequential(blocks, 2, x, policy=policy) ** 2).sum()
+        loss.backward(retain_graph=True)
+        once = x.grad.numpy().copy()
+        loss.backward()
+        numpy.testing.assert_allclose(x.grad.numpy(), 2 * once, rtol=RTOL64)
+
+
+# -- random generators and stateful layers ------------------------------------------
+def test_default_generator_left_where_it_would_have_been():
+    blocks = [nn.Sequential(nn.Linear(4, 4, dtype=F64, rng=numpy.random.default_rng(i)), nn.Dropout(0.5))
+              for i in range(3)]
+    states, results = [], []
+    for segs in (None, "every"):
+        random.manual_seed(7)
+        zero(params_of(blocks))
+        (run_chain(blocks, randn(5, 4), segs) ** 2).sum().backward()
+        results.append(grads(params_of(blocks)))
+        states.append(random.default_generator.bit_generator.state)
+    assert_same_grads(results[1], results[0])
+    assert states[1] == states[0]
+
+
+def test_without_preserve_rng_state_masks_differ_and_check_values_says_so():
+    block = nn.Sequential(nn.Linear(8, 8, dtype=F64, rng=numpy.random.default_rng(0)), nn.Dropout(0.5))
+    x = randn(16, 8, requires_grad=True)
+    y = checkpoint(block, x, preserve_rng_state=False, check_values=True)
+    with pytest.raises(RuntimeError, match=r"recompute of segment 'Sequential' gave other values for output 0"):
+        y.sum().backward()
+
+
+def test_batchnorm_running_stats_updated_once():
+    def make():
+        init = numpy.random.default_rng(0)
+        return nn.Sequential(nn.Linear(3, 4, dtype=F64, rng=init), nn.BatchNorm1d(4, dtype=F64), nn.Tanh())
+
+    plain, ckpt = make(), make()
+    x = randn(6, 3)
+    (plain(x) ** 2).sum().backward()
+    seen = []
+
+    class Spy(nn.Module):
+        def forward(self, h):
+            seen.append(is_recomputing())
+            return h
+
+    (checkpoint(nn.Sequential(ckpt, Spy()), x) ** 2).sum().backward()
+    assert seen == [False, True]  # the forward, then the recompute
+    for name in ("running_mean", "running_var"):
+        numpy.testing.assert_allclose(getattr(ckpt[1], name).numpy(), getattr(plain[1], name).numpy(), rtol=RTOL64)
+    assert_same_grads(grads(list(ckpt.parameters())), grads(list(plain.parameters())))
+
+
+# -- errors ---------------------------------------------------------------------------
+def test_recompute_with_another_shape_is_an_error_naming_the_segment():
+    calls = []
+
+    def shifty(x):
+        calls.append(1)
+        return x[: len(calls)] * 2.0
+
+    y = checkpoint(shifty, randn(3, 2, requires_grad=True))
+    with pytest.raises(RuntimeError, match=r"recompute of segment 'test_recompute_with_another_shape.*shifty' "
+                                           r"returned output 0 with shape \(2, 2\).*forward returned shape \(1, 2\)"):
+        y.sum().backward()
+
+
+def test_recompute_with_another_dtype_is_an_error():
+    calls = []
+
+    def caster(x):
+        calls.append(1)
+        return x * 2.0 if len(calls) == 1 else (x * 2.0).to(numpy.float32)
+
+    y = checkpoint(caster, randn(3, requires_grad=True))
+    with pytest.raises(RuntimeError, match=r"dtype float32, but its forward returned shape \(3,\), dtype float64"):
+        y.sum().backward()
+
+
+def test_input_modified_in_place_is_an_error():
+    x = randn(2, 3, requires_grad=True)
+    h = x * 1.0
+    y = checkpoint(lambda t: t.tanh(), h)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"input 0 \(shape \(2, 3\)\) of segment .* was modified in place "
+                                           r"after the segment's forward \(version 0 -> 1\)"):
+        y.sum().backward()
+
+
+def test_parameter_modified_in_place_is_an_error():
+    layer = nn.Linear(3, 3, dtype=F64, rng=numpy.random.default_rng(0))
+    y = checkpoint(layer, randn(2, 3))
+    layer.weight.mul_(0.5)
+    with pytest.raises(RuntimeError, match=r"a parameter of shape \(3, 3\) used by segment 'Linear' was modified in place"):
+        y.sum().backward()
+
+
+def test_a_tensor_from_outside_not_passed_as_argument_is_an_error():
+    h = randn(2, 2, requires_grad=True) * 2.0
+    with pytest.raises(RuntimeError, match=r"reads a tensor of shape \(2, 2\) that requires grad and was computed "
+                                           r"outside the segment.*Pass it to checkpoint\(\) as an argument"):
+        checkpoint(lambda x: x + h, randn(2, 2))
+
+
+def test_non_tensor_output_is_an_error():
+    with pytest.raises(TypeError, match=r"segment '.*' returned float as output 1; a checkpointed function must return"):
+        checkpoint(lambda x: (x * 2.0, 3.0), randn(2, requires_grad=True))
+
+
+def test_bad_policy_decision_is_an_error():
+    with pytest.raises(ValueError, match=r"returned 'keep' for op Mul; a policy returns 'save', 'recompute' or 'offload'"):
+        checkpoint(lambda x: x * 2.0, randn(2, requires_grad=True), policy=lambda op: "keep")
+
+
+def test_policy_replay_of_other_ops_is_an_error():
+    calls = []
+
+    def changing(x):
+        calls.append(1)
+        return x.exp() if len(calls) == 1 else x.tanh()
+
+    y = checkpoint(changing, randn(3, requires_grad=True), policy=policies.save_matmuls)
+    with pytest.raises(RuntimeError, match=r"ran Tanh as op #0, where its forward ran Exp"):
+        y.sum().backward()
+
+
+def test_bad_segments_are_clear_errors():
+    model = MLP(2, 2, 2, n_layers=3)
+    with pytest.raises(ValueError, match=r"segments must be between 1 and the number of layers \(3\), got 5"):
+        model.gradient_checkpointing_enable(5)
+    with pytest.raises(ValueError, match=r"boundaries must increase strictly from 0 to the number of layers \(3\)"):
+        model.gradient_checkpointing_enable([0, 2, 2])
+    with pytest.raises(TypeError, match=r"segments must be an int, 'sqrt', 'every'"):
+        model.gradient_checkpointing_enable("half")
+
+
+# -- memory of a deep chain --------------------------------------------------------------
+def peak_activations(step):
+    """The highest saved-activation bytes at any op of step() (the timeline has one point per op)."""
+    with memory.timeline() as events:
+        step()
+    return max(e["activations"] for e in events)
+
+
+def test_sqrt_segments_on_a_64_layer_mlp_keep_at_most_30_percent():
+    model = MLP(32, 32, 32, n_layers=64, rng=numpy.random.default_rng(0))
+    x, target = randn(8, 32, dtype=numpy.float32), randn(8, 32, seed=1, dtype=numpy.float32)
+
+    def step():
+        model.zero_grad()
+        F.mse_loss(model(x), target).backward()
+
+    base = memory.current()["activations"]
+    full = peak_activations(step) - base
+    model.gradient_checkpointing_enable("sqrt")
+    sqrt = peak_activations(step) - base
+    model.gradient_checkpointing_disable()
+    assert sqrt <= 0.30 * full, (sqrt, full)
+    assert peak_activations(step) - base == full  # disable puts it back

@@ -1,0 +1,165 @@
+"""Schedules: segment bounds, the cost model against measurements, the planner against brute force."""
+
+import itertools
+import math
+
+import numpy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinygrad_ckpt import Tensor, memory
+from tinygrad_ckpt import functional as F
+from tinygrad_ckpt.checkpoint import checkpoint_sequential
+from tinygrad_ckpt.nn.mlp import MLP
+from tinygrad_ckpt.nn.transformer import GPT, GPTConfig
+from tinygrad_ckpt.schedules import (
+    LayerCost, Plan, measure_layers, minimum_budget, plan_checkpoints, predict, segment_bounds,
+)
+
+# The cost model counts the same buffers memory.py does, so on these chains
+# (no layer saves its own output) prediction and measurement agree exactly;
+# the stated margin, 1%, is what a test allows for the model's one blind
+# spot (a layer saving its output that the next layer saves as its input).
+MARGIN = 0.01
+
+
+# -- fixed schedules -----------------------------------------------------------------
+def test_segment_bounds():
+    assert segment_bounds(7, 3) == [(0, 3, True), (3, 5, True), (5, 7, True)]
+    assert segment_bounds(64, "sqrt") == [(8 * i, 8 * i + 8, True) for i in range(8)]
+    assert segment_bounds(3, "every") == [(0, 1, True), (1, 2, True), (2, 3, True)]
+    assert segment_bounds(5, [2, 4]) == [(0, 2, True), (2, 4, True), (4, 5, True)]
+    assert segment_bounds(5, [0, 2, 5]) == [(0, 2, True), (2, 5, True)]
+    plan = Plan([(0, 2, False), (2, 5, True)], 0, 0.0)
+    assert segment_bounds(5, plan) == plan.segments and plan.boundaries == [0, 2, 5]
+    with pytest.raises(ValueError, match=r"segments .* do not cover layers 0..6"):
+        segment_bounds(6, plan)
+
+
+# -- the cost model against memory.py ------------------------------------------------
+def peak_activations(step):
+    with memory.timeline() as events:
+        step()
+    return max(e["activations"] for e in events)
+
+
+def mlp_chain(depth, width, batch):
+    model = MLP(width, width, width, n_layers=depth, rng=numpy.random.default_rng(0))
+    rng = numpy.random.default_rng(1)
+    x = Tensor(rng.standard_normal((batch, width)).astype(numpy.float32))
+    target = Tensor(rng.standard_normal((batch, width)).astype(numpy.float32))
+    layers = list(model.blocks) + [model.head, lambda y: F.mse_loss(y, target)]
+    return model, layers, x
+
+
+@settings(max_examples=6)
+@given(depth=st.integers(2, 24), width=st.sampled_from([4, 16]), batch=st.integers(1, 4),
+       how=st.sampled_from(["sqrt", "every", 3, "plan50", "plan25"]))
+def test_measured_peak_is_the_predicted_one(depth, width, batch, how):
+    model, layers, x = mlp_chain(depth, width, batch)
+    costs = measure_layers(layers, x, repeats=1)
+    full = predict(costs, [(0, len(layers), False)])[0]
+    if isinstance(how, str) and how.startswith("plan"):
+        budget = max(int(full * int(how[4:]) / 100), minimum_budget(costs))
+        segments = plan_checkpoints(costs, budget)
+        assert segments.peak_bytes <= budget
+    else:
+        segments = segment_bounds(len(layers), how)
+    predicted = predict(costs, segments)[0]
+
+    def step():
+        model.zero_grad()
+        checkpoint_sequential(layers, segments, x).backward()
+
+    base = memory.current()["activations"]
+    measured = peak_activations(step) - base
+    assert abs(measured - predicted) <= MARGIN * predicted, (measured, predicted)
+
+
+def test_64_layer_mlp_sqrt_peak_is_at_most_30_percent_and_as_predicted():
+    model, layers, x = mlp_chain(64, 32, 8)
+    costs = measure_layers(layers, x, repeats=1)
+    full, _ = predict(costs, [(0, len(layers), False)])
+    sqrt, _ = predict(costs, "sqrt")
+    assert sqrt <= 0.30 * full
+    step = lambda: checkpoint_sequential(layers, "sqrt", x).backward()  # noqa: E731
+    base = memory.current()["activations"]
+    assert abs(peak_activations(step) - base - sqrt) <= MARGIN * sqrt
+
+
+# -- the planner ---------------------------------------------------------------------
+def all_plans(n):
+    """Every way to cut n layers into segments, each stored or checkpointed."""
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        bounds = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n]
+        pairs = list(zip(bounds, bounds[1:]))
+        for flags in itertools.product([False, True], repeat=len(pairs)):
+            yield [(a, b, f) for (a, b), f in zip(pairs, flags)]
+
+
+layer_costs = st.builds(
+    LayerCost, name=st.just("layer"), input_bytes=st.integers(1, 50), saved_bytes=st.integers(0, 200),
+    saves_input=st.booleans(), output_bytes=st.just(0), seconds=st.integers(1, 9).map(float),
+)
+
+
+@settings(max_examples=25)
+@given(costs=st.lists(layer_costs, min_size=1, max_size=6), fraction=st.floats(0.0, 1.0))
+def test_planner_matches_brute_force(costs, fraction):
+    plans = [(predict(costs, p), p) for p in all_plans(len(costs))]
+    least = min(peak for (peak, _), _ in plans)
+    assert minimum_budget(costs) == least
+    most = max(peak for (peak, _), _ in plans)
+    budget = int(least + fraction * (most - least))
+    plan = plan_checkpoints(costs, budget)
+    best = min(cost for (peak, cost), _ in plans if peak <= budget)
+    assert plan.peak_bytes <= budget
+    assert plan.recompute_seconds == pytest.approx(best)
+    assert (plan.peak_bytes, plan.recompute_seconds) == pytest.approx(predict(costs, plan))
+    # and among the cheapest plans, the lowest peak
+    assert plan.peak_bytes == min(peak for (peak, cost), _ in plans if peak <= budget and math.isclose(cost, best))
+
+
+def test_budget_below_the_minimum_states_the_minimum():
+    costs = [LayerCost("layer", 1024, 2048, True, 1024)] * 16
+    least = minimum_budget(costs)
+    assert plan_checkpoints(costs, least).peak_bytes == least
+    with pytest.raises(ValueError, match=rf"no checkpoint plan fits a budget of {least - 1} bytes .* reaches is {least} bytes"):
+        plan_checkpoints(costs, least - 1)
+
+
+def test_uniform_chain_at_the_minimum_budget_beats_sqrt_with_shrinking_segments():
+    # When segment j is recomputed, every earlier checkpoint is still held, so
+    # later segments must be shorter: lengths k, k-1, ..., 1 (each twice here,
+    # since a layer holds two units against one for a checkpoint).
+    costs = [LayerCost("layer", 1024, 1024, True, 1024)] * 64
+    plan = plan_checkpoints(costs, minimum_budget(costs))
+    lengths = [b - a for a, b, _ in plan.segments]
+    assert lengths == sorted(lengths, reverse=True)
+    assert plan.peak_bytes < predict(costs, "sqrt")[0]
+
+
+def test_transformer_blocks_are_checkpointed_one_by_one():
+    # A block's input is small next to its interior (W2: 1 MiB against ~18 MiB);
+    # the planner must find from the sizes alone that one block per segment
+    # beats sqrt(n) segments.
+    block = LayerCost("block", 1 << 20, 18 << 20, True, 1 << 20)
+    costs = [block] * 16
+    plan = plan_checkpoints(costs, minimum_budget(costs))
+    assert all(b - a == 1 for a, b, c in plan.segments if c)
+    every, _ = predict(costs, "every")
+    sqrt, _ = predict(costs, "sqrt")
+    assert plan.peak_bytes <= every < sqrt
+
+
+def test_planner_on_a_measured_gpt_checkpoints_every_block():
+    config = GPTConfig(block_size=32, vocab_size=16, n_layer=6, n_head=2, n_embd=16, dropout=0.0)
+    model = GPT(config, rng=numpy.random.default_rng(0))
+    blocks = list(model.blocks)
+    x = Tensor(numpy.random.default_rng(1).standard_normal((2, 32, 16)).astype(numpy.float32))
+    costs = measure_layers(blocks, x, repeats=1)
+    assert all(c.saved_bytes > 4 * c.input_bytes for c in costs)  # measured: the interior dwarfs the input
+    plan = plan_checkpoints(costs, minimum_budget(costs))
+    assert all(b - a == 1 for a, b, c in plan.segments if c)
+    assert plan.peak_bytes < predict(costs, "sqrt")[0]
