@@ -29,7 +29,8 @@ def test_train_command_tiny_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     losses = printed_losses(out)
-    assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, out  # the printed loss falls
+    assert len(losses) == 7 and losses[-1] < losses[0] - 0.3, out  # steps 1, 2, 4, ..., 12: the printed loss falls
+    assert re.search(r"training loss: \d+\.\d+ \(step 1\) -> \d+\.\d+ \(step 12\)", out)
     assert re.search(r"validation loss: \d+\.\d+", out)
     assert "4 per micro-batch x 2 accumulation steps" in out
     sample = out.split("sample:\n", 1)[1].rsplit("\ntime:", 1)[0]

@@ -67,6 +67,7 @@ class TrainingArguments:
     lr_scheduler_type: str = "linear"  # 'constant', 'linear' (to 0) or 'cosine' (to 0), after warmup
     warmup_steps: int = 0  # optimizer steps of linear warmup from lr/warmup_steps to lr
     logging_steps: int = 10  # log (and print) the loss every this many optimizer steps
+    logging_first_step: bool = False  # also log after the first optimizer step (the starting loss)
     eval_steps: int = 0  # evaluate every this many optimizer steps (0: only at the end)
     save_steps: int = 0  # write the resumable state every this many optimizer steps (0: only at the end)
     seed: int = 42  # decides the example order and the default random generator (dropout)
@@ -295,7 +296,8 @@ class Trainer:
 
     def _maybe_log_eval_save(self, window, lr, grad_norm, progress, total):
         args, step = self.args, self.state.global_step
-        if args.logging_steps and (step % args.logging_steps == 0 or step == total):
+        first = args.logging_first_step and step == 1
+        if args.logging_steps and (step % args.logging_steps == 0 or step == total or first):
             elapsed = time.perf_counter() - window["time"]
             entry = {
                 "step": step,
