@@ -48,7 +48,8 @@ def test_train_command_resumes(tmp_path, capsys):
     text = tmp_path / "tiny.txt"
     text.write_text("abcdefgh " * 100)
     common = ["train", "--data", str(text), *TINY, "--per-device-train-batch-size", "2", "--logging-steps", "1",
-              "--sample-chars", "0", "--output-dir", str(tmp_path / "out"), "--save-steps", "2"]
+              "--sample-chars", "0", "--output-dir", str(tmp_path / "out"), "--save-steps", "2",
+              "--gradient-checkpointing"]
     assert cli.main([*common, "--max-steps", "4"]) == 0
     full = printed_losses(capsys.readouterr().out)
     assert cli.main([*common, "--max-steps", "4", "--resume", "--output-dir", str(tmp_path / "out2")]) == 2

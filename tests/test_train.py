@@ -275,3 +275,21 @@ def test_training_on_a_device_never_copies_to_the_host_behind_our_back(tmp_path)
         resumed.train(resume_from_checkpoint=True)
     finally:
         backend.set_cuda_module(previous)
+
+
+def test_gradient_checkpointing_with_accumulation_same_run_less_activation_memory():
+    """GPT's own checkpointing through the flag: the same losses and weights, fewer saved bytes."""
+    results = {}
+    for flag in (False, True):
+        model = tiny_gpt(n_layer=2, dropout=0.1)
+        trainer = Trainer(model, args(gradient_checkpointing=flag, gradient_accumulation_steps=2, max_steps=3),
+                          dataset())
+        with memory.timeline() as events:
+            history = trainer.train()
+        results[flag] = ([e["loss"] for e in history], [p.numpy() for p in model.parameters()],
+                         max(e["activations"] for e in events))
+    (plain_loss, plain_params, plain_act), (ckpt_loss, ckpt_params, ckpt_act) = results[False], results[True]
+    numpy.testing.assert_allclose(ckpt_loss, plain_loss, rtol=1e-10, atol=1e-10)
+    for a, b in zip(ckpt_params, plain_params):
+        numpy.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    assert ckpt_act < plain_act
