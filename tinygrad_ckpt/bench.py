@@ -475,8 +475,10 @@ def summary(results):
 
 def render(results):
     """All tables as Markdown."""
+    load = results.get("load_average", {}).get("start")
     out = [f"## tinygrad-ckpt bench ({results['set']} set)", "",
-           f"machine: {results['machine']['description']}; BLAS threads: {results['threads']['summary']}", "",
+           f"machine: {results['machine']['description']}; BLAS threads: {results['threads']['summary']}"
+           + (f"; load average at start {load:.1f}" if load is not None else ""), "",
            "MiB = 2^20 bytes. Category columns: live bytes at the moment of the step's peak. "
            "act peak: the highest saved-activation bytes over the step; predicted: activations.py. "
            "step ×, fwd+bwd ×: median time / the baseline's, same run. theory ×: (3F + recompute FLOPs) / 3F.", ""]
@@ -521,6 +523,14 @@ def machine():
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "numpy": numpy.__version__, "blas": blas,
             "description": f"{cpu}, {os.cpu_count()} CPUs, {platform.system()}, NumPy {numpy.__version__} ({blas})"}
+
+
+def _load():
+    """The 1-minute load average (None where the system does not say)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def limit_threads(n):
@@ -581,6 +591,10 @@ def run(args):
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     os.makedirs(args.output_dir, exist_ok=True)
     context, threads = limit_threads(args.threads)
+    load = _load()
+    if load is not None and load > (os.cpu_count() or 1) / 2:
+        print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
+              "slower and noisier than on a quiet machine, and ratios less reliable", flush=True)
     count = _count_rows(config)
     print(f"tinygrad-ckpt bench: {name} set, {count} rows, {config.repeats} timed steps each after one warm-up; "
           f"BLAS threads: {threads['summary']}", flush=True)
@@ -596,7 +610,7 @@ def run(args):
         results = collect(config, progress)
     elapsed = time.perf_counter() - start
     results.update({"set": name, "elapsed_seconds": elapsed, "machine": machine(), "threads": threads,
-                    "config": asdict(config)})
+                    "config": asdict(config), "load_average": {"start": load, "end": _load()}})
     text = render(results)
     print()
     print(text)

@@ -35,20 +35,20 @@ def draw_all(results, output_dir):
     """Draw every picture into output_dir; returns the paths written."""
     paths = []
     path = os.path.join(output_dir, "peak_memory.png")
-    _save(peak_memory(results), path)
+    save(peak_memory(results), path)
     paths.append(path)
     for workload, timeline in results["timelines"].items():
         if timeline["strategies"]:
             path = os.path.join(output_dir, f"timeline_{workload.lower()}.png")
-            _save(timelines(workload, timeline), path)
+            save(timelines(workload, timeline), path)
             paths.append(path)
     path = os.path.join(output_dir, "tradeoff.png")
-    _save(tradeoff(results), path)
+    save(tradeoff(results), path)
     paths.append(path)
     return paths
 
 
-def _save(fig, path):
+def save(fig, path):
     """Save atomically: a temporary file in the same folder, then os.replace."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".png")
     os.close(fd)

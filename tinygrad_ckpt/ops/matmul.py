@@ -14,6 +14,18 @@ def _swap(x):
     return x.swapaxes(-1, -2)
 
 
+def _fold(a, b):
+    """a (..., k) @ b (k, n) as one 2-D GEMM, with the leading axes of a folded into rows.
+
+    The same numbers as `a @ b`, in one BLAS call: NumPy's matmul makes one
+    call per matrix of the stack, and each call pays BLAS's thread start-up
+    again (on a busy 2-core machine we measured the stacked form 10x slower).
+    """
+    if a.ndim <= 2:
+        return a @ b
+    return (a.reshape(-1, a.shape[-1]) @ b).reshape(*a.shape[:-1], b.shape[-1])
+
+
 class MatMul(Function):
     """out = a @ b over the last two axes, broadcasting the leading (batch) axes.
 
@@ -32,13 +44,15 @@ class MatMul(Function):
         ctx.shapes = a.shape, b.shape
         need_a, need_b = ctx.needs_input_grad or (False, False)
         ctx.save_for_backward(a if need_b else None, b if need_a else None)
-        return a @ b
+        return _fold(a, b) if b.ndim == 2 else a @ b
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_arrays
         sa, sb = ctx.shapes
-        da = unbroadcast(g @ _swap(b), sa) if b is not None else None
+        da = None
+        if b is not None:
+            da = _fold(g, b.T) if b.ndim == 2 else unbroadcast(g @ _swap(b), sa)
         db = None
         if a is not None:
             if len(sb) == 2 and len(sa) > 2:
@@ -70,7 +84,7 @@ class Linear(Function):
         need = ctx.needs_input_grad or (False, False)
         # dweight needs x; dx needs weight; dbias needs neither.
         ctx.save_for_backward(x if need[1] else None, weight if need[0] else None)
-        out = x @ weight.T
+        out = _fold(x, weight.T)
         if bias is not None:
             out += bias
         return out
@@ -79,7 +93,7 @@ class Linear(Function):
     def backward(ctx, g):
         x, weight = ctx.saved_arrays
         g2 = g.reshape(-1, g.shape[-1])  # (N, out): all leading axes are rows
-        dx = g @ weight if weight is not None else None
+        dx = _fold(g, weight) if weight is not None else None
         dweight = g2.T @ x.reshape(-1, x.shape[-1]) if x is not None else None
         if not ctx.has_bias:
             return dx, dweight
