@@ -418,6 +418,12 @@ def test_non_tensor_output_is_an_error():
         checkpoint(lambda x: (x * 2.0, 3.0), randn(2, requires_grad=True))
 
 
+def test_integer_output_is_an_error():
+    with pytest.raises(TypeError, match=r"returned output 1 of dtype int64; the outputs of a segment that needs "
+                                        r"gradients must be floating point"):
+        checkpoint(lambda x: (x * 2.0, x.argmax()), randn(3, requires_grad=True))
+
+
 def test_bad_policy_decision_is_an_error():
     with pytest.raises(ValueError, match=r"returned 'keep' for op Mul; a policy returns 'save', 'recompute' or 'offload'"):
         checkpoint(lambda x: x * 2.0, randn(2, requires_grad=True), policy=lambda op: "keep")

@@ -62,6 +62,7 @@ import numpy
 from . import backend, memory, random, tape
 from .function import Function
 from .policies import ReplayTape, Stash
+from .schedules import segment_bounds
 from .tensor import Tensor
 
 _recomputing = 0  # how many segments are re-running their forward right now
@@ -104,10 +105,19 @@ def checkpoint(fn, *args, preserve_rng_state=True, policy=None, check_values=Fal
         return fn(*args, **kwargs)
     segment = _Segment(fn, args, kwargs, preserve_rng_state, policy, check_values)
     inputs = [a for a in args if isinstance(a, Tensor)] + [v for v in kwargs.values() if isinstance(v, Tensor)]
+    # 1. Run fn keeping nothing; learn which parameters and generators it used.
     outputs = segment.forward(inputs)
+    # 2. One record whose inputs (for the tape) are all that needs a gradient.
     needs_grad = [t for t in inputs if t.requires_grad] + segment.params
     if not needs_grad:
         return outputs  # nothing inside needs a gradient: nothing to record
+    for i, o in enumerate(outputs if segment.multiple else (outputs,)):
+        if o.dtype.kind != "f":
+            raise TypeError(
+                f"checkpoint: segment '{segment.name}' returned output {i} of dtype {o.dtype}; the "
+                "outputs of a segment that needs gradients must be floating point (compute "
+                "integer results outside the checkpointed function)"
+            )
     out_arrays = tuple(o.data for o in outputs) if segment.multiple else outputs.data
     return Checkpoint.apply(
         *needs_grad, segment=segment, inputs=[t.data for t in inputs], outputs=out_arrays,
@@ -126,8 +136,6 @@ def checkpoint_sequential(functions, segments, input, preserve_rng_state=True, p
     is checkpointed (PyTorch's checkpoint_sequential runs the last one
     normally; ask the planner if that pays).
     """
-    from .schedules import segment_bounds  # schedules.py imports this module
-
     functions = list(functions)
     x = input
     for start, stop, checkpointed in segment_bounds(len(functions), segments):
@@ -208,6 +216,7 @@ class _Segment:
         self.preserve_rng_state = preserve_rng_state
         self.stash = Stash(policy, self.name) if policy is not None else None
         self.check_values = check_values
+        self.inputs = []  # per tensor input: (weak reference, its _version, requires_grad)
         self.params = []  # leaf tensors requiring grad that fn read (not its inputs)
         self.generators = []  # (generator, its state before the segment's first draw)
 
@@ -230,7 +239,7 @@ class _Segment:
                 outputs = self.call(inputs)
         finally:
             if self.preserve_rng_state:
-                random._observers.remove(observed)
+                random._observers.pop()  # ours: observers nest like the segments
         self.generators = observed
         self.params = list(watch.params.values())
         self.param_versions = [p._version for p in self.params]
@@ -247,8 +256,6 @@ class _Segment:
             self.out_values = [o.data.copy() for o in outs]
             for v in self.out_values:
                 memory.track(v)
-        if self.stash is not None:
-            self.stash.finish_forward()
         # Plain tensors (cut from the stand-in records the SegmentTape made).
         outs = tuple(o.detach() for o in outs)
         return outs if self.multiple else outs[0]

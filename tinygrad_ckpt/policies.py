@@ -126,9 +126,6 @@ class Stash:
         self.arrays.append(a)
         return ("stash", len(self.arrays) - 1)
 
-    def finish_forward(self):
-        pass  # nothing to do: the arrays wait for hand_over
-
     def hand_over(self):
         """The kept arrays, for the Checkpoint record to save (and count)."""
         arrays, self.arrays = self.arrays, None
