@@ -45,11 +45,9 @@ checkpointing (checkpoint.py, schedules.py, policies.py).
 import argparse
 import gc
 import json
-import math
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -60,7 +58,6 @@ import numpy
 from . import activations, backend, memory, optim, policies, random
 from . import functional as F
 from .accumulate import GradientAccumulator
-from .checkpoint import checkpoint_sequential
 from .nn.mlp import MLP
 from .nn.transformer import GPT, GPTConfig
 from .saved import op_flops
@@ -135,28 +132,19 @@ F32 = 4
 
 
 # -- one training step per strategy --------------------------------------------------
-def run_chain(blocks, x, segments=None, policy=None):
-    """The blocks in turn on x: plainly (segments None) or through checkpoint_sequential."""
+def checkpointing(model, segments, policy):
+    """Switch the model's block checkpointing to `segments` (None: off), as a user would."""
     if segments is None:
-        for block in blocks:
-            x = block(x)
-        return x
-    return checkpoint_sequential(blocks, segments, x, policy=policy)
+        model.gradient_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_enable(segments=segments, policy=policy)
 
 
 def gpt_embed(model, idx):
-    """GPT.forward up to the blocks: token + position embeddings, dropout. (B, T) -> (B, T, C)."""
+    """GPT.forward up to the blocks (the planner measures the blocks on this). (B, T) -> (B, T, C)."""
     T = idx.shape[1]
     pos = backend.module_for(model.wpe.weight.device).arange(T)  # (T,)
     return model.drop(model.wte(idx) + model.wpe(pos))
-
-
-def gpt_loss(model, idx, targets, segments=None, policy=None, reduction="mean"):
-    """GPT.forward's loss, with the blocks run through `run_chain` (so they can be checkpointed)."""
-    x = gpt_embed(model, idx)  # (B, T, C)
-    x = run_chain(list(model.blocks), x, segments, policy)  # (B, T, C)
-    logits = model.lm_head(model.ln_f(x))  # (B, T, vocab)
-    return F.cross_entropy(logits, targets, reduction=reduction)
 
 
 def _timed(forward_backward, optimizer):
@@ -257,8 +245,7 @@ def bench_w1(config, depth, progress, fractions=None):
     x = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # (b, h)
     y = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # a fixed random target
     optimizer = optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    blocks = list(model.blocks)
-    costs = measure_layers(blocks, x)
+    costs = measure_layers(list(model.blocks), x)  # what the budget planner needs: bytes and seconds per layer
     # saved per layer 8bh, of which its input 4bh; the head's input and the loss's difference after
     formulas = dict(block_input=F32 * b * h, block_held=activations.mlp_layer(b, h), before=0, after=2 * F32 * b * h)
     rows = []
@@ -271,9 +258,10 @@ def bench_w1(config, depth, progress, fractions=None):
             rows.append(_infeasible(row, how, depth, costs))
             continue
 
+        checkpointing(model, segments, policy)
+
         def forward_backward():
-            out = run_chain(blocks, x, segments, policy)
-            F.mse_loss(model.head(out), y).backward()
+            F.mse_loss(model(x), y).backward()
 
         row.update(measure(lambda: _timed(forward_backward, optimizer), config.repeats, policy))
         row["predicted_activation_bytes"] = _predicted_chain(how, depth, segments, **formulas)
@@ -306,8 +294,7 @@ def bench_w2(config, n_layer, progress, fractions=None):
     idx = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T) token ids
     targets = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T)
     optimizer = optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    blocks = list(model.blocks)
-    costs = measure_layers(blocks, gpt_embed(model, idx))
+    costs = measure_layers(list(model.blocks), gpt_embed(model, idx))  # for the budget planner
     formulas = _w2_formulas(config, config.w2_batch)
     rows = []
     for name, how in _strategies(config, fractions, with_selective=True):
@@ -319,8 +306,10 @@ def bench_w2(config, n_layer, progress, fractions=None):
             rows.append(_infeasible(row, how, n_layer, costs))
             continue
 
+        checkpointing(model, segments, policy)
+
         def forward_backward():
-            gpt_loss(model, idx, targets, segments, policy).backward()
+            model(idx, targets)[1].backward()
 
         row.update(measure(lambda: _timed(forward_backward, optimizer), config.repeats, policy))
         row["predicted_activation_bytes"] = _predicted_chain(how, n_layer, segments, **formulas)
@@ -362,11 +351,12 @@ def bench_w3(config, progress):
 
         def forward_backward():
             if accumulator is None:  # the unsplit batch: a plain mean loss
-                gpt_loss(model, idx, targets).backward()
+                model(idx, targets)[1].backward()
                 return
             for micro_idx, micro_targets in micro_batches:
+                logits, _ = model(micro_idx)  # (micro, T, vocab)
                 # the SUM of this micro-batch's token losses; write_grads divides by all tokens once
-                gpt_loss(model, micro_idx, micro_targets, reduction="sum").backward()
+                F.cross_entropy(logits, micro_targets, reduction="sum").backward()
                 accumulator.accumulate(micro * T)
             accumulator.write_grads()
 

@@ -138,7 +138,7 @@ def tradeoff(results):
         measured = [r for r in curve["rows"] if not r.get("infeasible")]
         if base is not None and measured:
             points = sorted((r["step_seconds"] / base["step_seconds"], r["activation_peak_bytes"] / MIB, r) for r in measured)
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="#55a868", label="budget plans (measured)")
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="black", label="budget plans (measured)")
             for x, y, r in points:
                 ax.annotate(r["strategy"].replace("budget ", ""), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         uniform = [r for r in results["rows"] if r["workload"] == curve["workload"] and r["size"] == curve["size"]
