@@ -4,6 +4,7 @@
     tinygrad-ckpt train --per-device-train-batch-size 4 --gradient-accumulation-steps 8
     tinygrad-ckpt train --data my.txt --max-steps 500 --output-dir out
     tinygrad-ckpt train --output-dir out --resume         # continue from out/checkpoint.npz
+    mpiexec -n 2 tinygrad-ckpt train ...                  # data parallel: 2 processes (distributed.py)
 
 Each subcommand is a parser (its flags) and a function run(args). The train
 command's flags are TrainingArguments' fields written as flags, plus the data
@@ -15,6 +16,8 @@ the model (nn/).
 """
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from dataclasses import fields
@@ -23,6 +26,7 @@ import numpy
 
 from . import bench, memory, random
 from .data import load_char_datasets
+from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
 from .train import TrainingArguments, Trainer
 
@@ -94,6 +98,14 @@ def add_train_arguments(parser):
 
 def run_train(args):
     """tinygrad-ckpt train: data -> GPT -> Trainer -> validation loss -> a sample."""
+    parallel = from_environment()  # under `mpiexec -n N` (N > 1) a DataParallel, else None
+    if parallel is not None and not parallel.is_main_process:  # only rank 0 prints
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+            return _train(args, parallel)
+    return _train(args, parallel)
+
+
+def _train(args, parallel):
     start = time.perf_counter()
     tokenizer, train_data, val_data = load_char_datasets(args.data, args.block_size, args.val_fraction)
     training_args = TrainingArguments(**{f.name: getattr(args, f.name) for f in fields(TrainingArguments)})
@@ -103,7 +115,8 @@ def run_train(args):
         n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout,
     )
     model = GPT(config, rng=numpy.random.default_rng(args.seed), device=args.device)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data, tokenizer=tokenizer)
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data, tokenizer=tokenizer,
+                      distributed=parallel)
 
     n_params = sum(p.numel() for p in trainer.optimizer.params)
     print(
@@ -116,8 +129,9 @@ def run_train(args):
         f"({memory.format_bytes(memory.current()['parameters'])}) on {args.device}"
     )
     print(
-        f"training: {trainer.total_steps} optimizer steps of {training_args.effective_batch_size} examples "
-        f"= {args.per_device_train_batch_size} per micro-batch x {args.gradient_accumulation_steps} accumulation steps"
+        f"training: {trainer.total_steps} optimizer steps of {training_args.effective_batch_size * trainer.world_size} "
+        f"examples = {args.per_device_train_batch_size} per micro-batch x {args.gradient_accumulation_steps} "
+        "accumulation steps" + (f" x {trainer.world_size} processes" if parallel is not None else "")
     )
     history = trainer.train(resume_from_checkpoint=args.resume)
 
@@ -162,9 +176,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError) as e:  # bad input: say what is wrong, no traceback
+    except (ValueError, OSError, ImportError, DistributedError) as e:  # bad input: say what is wrong, no traceback
         print(f"tinygrad-ckpt {args.command}: error: {e}", file=sys.stderr)
+        abort_if_running(2)  # under mpiexec: stop the other processes too, or they would wait forever
         return 2
+    except Exception:
+        abort_if_running(1, traceback=True)  # the same, after the traceback (a plain run just raises)
+        raise
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

@@ -21,9 +21,14 @@ The order of examples comes from the seed alone (data.epoch_order), cut into
 effective batches, so two runs that differ only in how an effective batch is
 split into micro-batches see the same examples in every optimizer step.
 
+Data parallelism (several processes under `mpiexec`): pass
+`distributed=DataParallel()` (distributed.py); each process then reads its
+share of every micro-batch, and the accumulators are summed across processes
+once per optimizer step. Only process 0 prints and saves.
+
 What does not live here: the accumulation buffers (accumulate.py), the
 optimizers (optim.py), the file format (serialization.py), the data set
-(data.py), the command line (cli.py).
+(data.py), the command line (cli.py), MPI (distributed.py).
 """
 
 import math
@@ -158,10 +163,11 @@ class Trainer:
     sequence of dicts with integer arrays "input_ids" and "labels" (labels
     -100 where a position does not count). tokenizer: optional, saved with
     checkpoints and the model so a sampler can decode (anything with
-    state_dict()).
+    state_dict()). distributed: a distributed.DataParallel for data-parallel
+    training under `mpiexec -n N` (effective batch x N); None: one process.
     """
 
-    def __init__(self, model, args, train_dataset, eval_dataset=None, tokenizer=None):
+    def __init__(self, model, args, train_dataset, eval_dataset=None, tokenizer=None, distributed=None):
         if not isinstance(args, TrainingArguments):
             raise TypeError(f"args must be a TrainingArguments, got {type(args).__name__}")
         self.model, self.args, self.tokenizer = model, args, tokenizer
@@ -185,12 +191,18 @@ class Trainer:
         self.accumulator = GradientAccumulator(
             self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
         )
+        self.distributed = distributed
+        self.world_size = 1 if distributed is None else distributed.world_size
+        self.is_main_process = distributed is None or distributed.is_main_process  # only it prints and saves
+        if distributed is not None:  # same model and args everywhere, rank 0's parameters, flat buffers
+            distributed.prepare(model, self.accumulator, args, len(train_dataset))
         self.state = TrainerState()
 
     # -- sizes ------------------------------------------------------------------
     @property
     def micro_batches_per_epoch(self):
-        return math.ceil(len(self.train_dataset) / self.args.per_device_train_batch_size)
+        """Micro-batches per epoch, counting one micro-batch on every process as one."""
+        return math.ceil(len(self.train_dataset) / (self.args.per_device_train_batch_size * self.world_size))
 
     @property
     def steps_per_epoch(self):
@@ -242,8 +254,8 @@ class Trainer:
             random.manual_seed(args.seed)
             self.state = TrainerState()
         state = self.state
-        B, total = args.per_device_train_batch_size, self.total_steps
-        progress = _Progress(total, enabled=not args.disable_tqdm)
+        B, total = args.per_device_train_batch_size * self.world_size, self.total_steps  # B: all processes' examples
+        progress = _Progress(total, enabled=not args.disable_tqdm and self.is_main_process)
         step = {"loss": 0.0, "items": 0, "tokens": 0}  # summed over the micro-batches of this optimizer step
         window = {"loss": 0.0, "items": 0, "tokens": 0, "time": time.perf_counter()}  # since the last log
         memory.reset_peak()
@@ -253,18 +265,22 @@ class Trainer:
             order = epoch_order(len(self.train_dataset), args.seed, state.epoch)
             n_micro = self.micro_batches_per_epoch
             for m in range(state.micro_step, n_micro):
-                batch = self._micro_batch(order[m * B : (m + 1) * B], self.train_dataset)
-                loss, items = self.compute_loss(batch)  # forward ...
-                loss.backward()  # ... then backward at once: this micro-batch's activations are freed
-                step["loss"] += loss.item()
-                step["items"] += items
-                step["tokens"] += batch["input_ids"].size
-                del loss
+                indices, items = order[m * B : (m + 1) * B], 0
+                if self.distributed is not None:  # this process's share; at an epoch's end it may be empty
+                    indices = self.distributed.shard(indices)
+                if len(indices):
+                    batch = self._micro_batch(indices, self.train_dataset)
+                    loss, items = self.compute_loss(batch)  # forward ...
+                    loss.backward()  # ... then backward at once: this micro-batch's activations are freed
+                    step["loss"] += loss.item()
+                    step["items"] += items
+                    step["tokens"] += batch["input_ids"].size
+                    del loss
                 if not acc.accumulate(items, end_of_data=(m == n_micro - 1)):
                     continue
                 # The group is complete: one optimizer step with the mean gradient.
                 lr = get_learning_rate(state.global_step, args, total)
-                grad_norm = self._optimizer_step(lr)
+                grad_norm = self._optimizer_step(lr, step)
                 state.global_step += 1
                 state.micro_step = m + 1
                 if state.micro_step == n_micro:  # the epoch is done
@@ -285,8 +301,15 @@ class Trainer:
             self.save_model()
         return state.log_history
 
-    def _optimizer_step(self, lr):
-        """write_grads (divide by the group's items), clip, step, zero: nanoGPT's order."""
+    def _optimizer_step(self, lr, step):
+        """write_grads (divide by the group's items), clip, step, zero: nanoGPT's order.
+
+        With several processes, their buffers, item counts and `step`'s sums
+        (for the log) are first added up across processes: one all-reduce per
+        buffer dtype and one for the counts, the only communication of a step.
+        """
+        if self.distributed is not None:
+            self.distributed.all_reduce_(self.accumulator, step)
         self.accumulator.write_grads()
         grad_norm = clip_grad_norm_(self.optimizer.params, self.args.max_grad_norm) if self.args.max_grad_norm else None
         self.optimizer.lr = lr
@@ -321,7 +344,8 @@ class Trainer:
 
     def _log(self, entry, progress):
         self.state.log_history.append(entry)
-        progress.write(format_log(entry, self.total_steps))
+        if self.is_main_process:
+            progress.write(format_log(entry, self.total_steps))
 
     # -- evaluation ---------------------------------------------------------------
     def evaluate(self, eval_dataset=None):
@@ -341,12 +365,19 @@ class Trainer:
 
     # -- saving and resuming ------------------------------------------------------
     def save_checkpoint(self, path=None):
-        """Write everything needed to resume, atomically (a crash keeps the last good file)."""
+        """Write everything needed to resume, atomically (a crash keeps the last good file).
+
+        With several processes only process 0 writes (the others hold the same
+        model and optimizer state) and the others return None.
+        """
+        if not self.is_main_process:
+            return None
         path = Path(self.args.output_dir) / CHECKPOINT_NAME if path is None else Path(path)
         extra = {
             "trainer_state": asdict(self.state),
             "rng_states": [g.bit_generator.state for g in self._generators()],  # dropout masks to come
             "batch_layout": [self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, self.args.seed],
+            "world_size": self.world_size,  # micro_step counts micro-batches of all processes together
             "training_args": asdict(self.args),  # for the reader; resuming uses the args it is given
         }
         if self.tokenizer is not None:
@@ -369,6 +400,11 @@ class Trainer:
                 f"the checkpoint was written with per_device_train_batch_size={B}, gradient_accumulation_steps={G}, "
                 f"seed={seed}; resume with the same values so the data position means the same examples"
             )
+        if extra.get("world_size", 1) != self.world_size:
+            raise ValueError(
+                f"the checkpoint was written by {extra.get('world_size', 1)} process(es), this run has "
+                f"{self.world_size}: resume with the same `mpiexec -n` so the data position means the same examples"
+            )
         self.state = TrainerState(**extra["trainer_state"])
         generators = self._generators()
         if len(extra["rng_states"]) != len(generators):
@@ -389,7 +425,12 @@ class Trainer:
         return generators
 
     def save_model(self, path=None):
-        """Write the trained model (with the tokenizer and the model's config, if any) atomically."""
+        """Write the trained model (with the tokenizer and the model's config, if any) atomically.
+
+        Only process 0 writes; the others return None.
+        """
+        if not self.is_main_process:
+            return None
         path = Path(self.args.output_dir) / MODEL_NAME if path is None else Path(path)
         extra = {}
         if self.tokenizer is not None:

@@ -11,6 +11,13 @@ A Python block that prints something must be followed by an output block, so
 nothing printed goes unchecked, and no number in the text can drift from the
 code. Everything else (prose, pictures, other blocks) is left alone.
 
+Blocks that can only run on some machines sit between Sybil's skip comments,
+which do not show on a code-hosting site:
+
+    <!-- skip: start if(not ON_GPU, reason="needs CuPy and an NVIDIA GPU") -->
+    ...
+    <!-- skip: end -->
+
 Used in two ways:
 
     python -m pytest                          # tutorials/conftest.py hands this to pytest (via Sybil)
@@ -31,6 +38,7 @@ import os
 import re
 import sys
 import time
+import unittest
 from pathlib import Path
 
 from sybil import Sybil
@@ -143,7 +151,10 @@ def run(path, refresh=False):
     setup(document.namespace)
     try:
         for example in document.examples():
-            example.evaluate()
+            try:
+                example.evaluate()
+            except unittest.SkipTest:  # a block behind <!-- skip: ... --> (e.g. needs a GPU)
+                pass
     finally:
         teardown(document.namespace)
     seconds = time.perf_counter() - start

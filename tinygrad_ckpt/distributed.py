@@ -1,0 +1,352 @@
+"""Data-parallel training over MPI: all-reduce is gradient accumulation across processes.
+
+    mpiexec -n 2 tinygrad-ckpt train --per-device-train-batch-size 4 --gradient-accumulation-steps 8
+
+The idea. Gradient accumulation (accumulate.py) adds the gradients of k
+micro-batches into buffers and divides once by the number of items in all of
+them. Nothing in that sum cares which process computed which term. So let N
+processes ("ranks") each hold a copy of the model, give each rank its own
+share of every effective batch, let each accumulate its share locally, and
+then add the N ranks' buffers together: that sum, divided by the global item
+count, is the gradient of the whole effective batch, and every rank takes the
+same optimizer step with it. Adding one array across processes, with every
+process getting the result, is MPI's all-reduce.
+
+    effective batch of one optimizer step = per_device_train_batch_size
+                                            x gradient_accumulation_steps
+                                            x number of processes
+
+as in Hugging Face. One process with gradient_accumulation_steps x N
+micro-batches reads the same examples in each step and takes the same step
+(the tests check that to 1e-10 in float64).
+
+What each rank does, and when it talks to the others:
+
+  start          parameters (and buffers) are broadcast from rank 0, so every
+                 rank starts from the same values; ranks check that they hold
+                 the same model and the same TrainingArguments first.
+  micro-batch    each global micro-batch (per_device_train_batch_size x N
+                 examples of the seed-only order) is cut into N contiguous
+                 shares, sizes differing by at most one (`shard`); a rank
+                 runs forward + backward on its share and adds into its
+                 accumulation buffers. No communication at all: PyTorch calls
+                 this `no_sync()`. At the end of an epoch a share may be empty;
+                 that rank adds nothing and still takes part in the step.
+  optimizer step one all-reduce per dtype of the accumulation buffers, plus
+                 one small one for the item count (and the summed loss, for
+                 the log). The buffers are views into one flat array per
+                 dtype (`bucket_buffers`), so each all-reduce is one large
+                 message, not one per parameter, and needs no copy. Then every
+                 rank divides by the GLOBAL item count, the same rule as one
+                 process (a rank with few tokens must not be weighted up).
+  every so often a checksum of every parameter is gathered from all ranks;
+                 any difference is an error naming the parameter
+                 (`check_in_sync`). Identical inputs and identical arithmetic
+                 keep the copies identical bit for bit; a difference means a
+                 bug, so it stops the run rather than averaging it away.
+
+What it leaves out, on purpose: PyTorch's DistributedDataParallel starts
+all-reducing a bucket while the last backward is still running (overlap); here
+the all-reduce comes after, so the step is easy to see. MPI sends host
+memory: CuPy buffers are copied to the host and back (the `mpich` wheel is not
+CUDA-aware). With dropout, every rank seeds its generator with the same seed
+(as Hugging Face's `set_seed` does), and a resumed run gives every rank rank
+0's saved generator state. Evaluation is not sharded: each rank evaluates the
+whole eval set (the same number), and only rank 0 prints and saves.
+
+What lives here: `DataParallel` (the hooks the Trainer calls), `Communicator`
+(mpi4py's communicator with the three collectives used, each call counted),
+`shard`, `bucket_buffers`, `from_environment` and `abort_if_running` (for the
+command line). This is the only file that imports mpi4py, and only when asked.
+What does not live here: the accumulation buffers and the normalisation
+(accumulate.py), the training loop (train.py), the command line (cli.py).
+"""
+
+import os
+import sys
+import zlib
+from dataclasses import asdict
+
+import numpy
+
+from . import backend, memory
+
+INSTALL_HINT = "pip install 'tinygrad_ckpt[mpi]'"  # mpi4py, and MPICH as a wheel: no compiler, no system MPI
+CHECK_EVERY = 100  # optimizer steps between two parameter checksums (the first step is always checked)
+
+# Variables an MPI launcher sets in each process it starts: MPICH's and Intel's
+# (PMI_SIZE, also srun's), Open MPI's, MVAPICH's.
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+class DistributedError(RuntimeError):
+    """The processes of a data-parallel run disagree (model, arguments, parameter values)."""
+
+
+def import_mpi():
+    """mpi4py's MPI module, or an error that says what to install."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(
+            f"data-parallel training needs mpi4py and an MPI library: {INSTALL_HINT} "
+            f"(then run with `mpiexec -n 2 ...`); the import failed with: {e}"
+        ) from None
+    return MPI
+
+
+def world_size_from_environment(environ=None):
+    """How many processes `mpiexec -n N` started, from the variables it sets; 1 when not under mpiexec."""
+    environ = os.environ if environ is None else environ
+    for name in _SIZE_VARIABLES:
+        if name in environ:
+            return int(environ[name])
+    return 1
+
+
+def shard(indices, rank, world_size):
+    """Rank `rank`'s share of `indices`: contiguous, disjoint, together exactly `indices`.
+
+    The first len(indices) % world_size ranks get one more than the others, so
+    10 examples on 4 ranks are shared 3, 3, 2, 2, and 1 example on 2 ranks is
+    shared 1, 0 (an empty share is allowed: see DataParallel).
+    """
+    n, size = len(indices), world_size
+    start = rank * (n // size) + min(rank, n % size)
+    stop = start + n // size + (rank < n % size)
+    return indices[start:stop]
+
+
+def bucket_buffers(accumulator):
+    """Make the accumulator's buffers views into one flat array per (dtype, device); return those arrays.
+
+    After this, adding a micro-batch's gradient into `accumulator.buffers[i]`
+    writes into the flat array, so summing all buffers across processes is
+    one all-reduce per flat array, with no packing and no unpacking. (PyTorch's
+    DDP does the same with `gradient_as_bucket_view=True`.) The flat arrays
+    replace the per-parameter buffers; they are counted as "accumulation".
+    """
+    groups = {}  # (dtype, device) -> indices of the buffers in it, in parameter order
+    for i, buf in enumerate(accumulator.buffers):
+        groups.setdefault((buf.dtype, backend.device_of(buf)), []).append(i)
+    flats = []
+    for (dtype, device), members in groups.items():
+        flat = backend.module_for(device).zeros(sum(accumulator.buffers[i].size for i in members), dtype=dtype)
+        memory.track(flat, "accumulation")
+        offset = 0
+        for i in members:
+            old = accumulator.buffers[i]
+            view = flat[offset : offset + old.size].reshape(old.shape)  # a view: writes go into flat
+            view[...] = old
+            accumulator.buffers[i] = view
+            offset += old.size
+        flats.append(flat)
+    return flats
+
+
+class Communicator:
+    """An MPI communicator with the three collectives data parallelism uses, each call counted.
+
+    `calls` counts the calls by kind and `bytes_all_reduced` the bytes summed:
+    that is how the tests, and tutorial 8, check that an optimizer step sends
+    one message per dtype, not one per parameter or one per micro-batch.
+    """
+
+    def __init__(self, comm=None):
+        self.MPI = import_mpi()
+        self.comm = self.MPI.COMM_WORLD if comm is None else comm
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0}
+        self.bytes_all_reduced = 0
+
+    def all_reduce_(self, array):
+        """Sum `array` over all processes, in place: afterwards every process holds the sum."""
+        host = numpy.ascontiguousarray(backend.to_host(array))  # MPI sends host memory
+        self.comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
+        if host is not array:  # a CuPy array (or a strided one): copy the sum back
+            array[...] = backend.to_device(host, backend.device_of(array))
+        self.calls["all_reduce"] += 1
+        self.bytes_all_reduced += host.nbytes
+        return array
+
+    def broadcast_(self, array, root=0):
+        """Overwrite `array`, in place, with process `root`'s values."""
+        host = numpy.ascontiguousarray(backend.to_host(array))
+        self.comm.Bcast(host, root=root)
+        if host is not array:
+            array[...] = backend.to_device(host, backend.device_of(array))
+        self.calls["broadcast"] += 1
+        return array
+
+    def all_gather(self, value):
+        """[value of rank 0, value of rank 1, ...] on every process (small Python values only)."""
+        self.calls["all_gather"] += 1
+        return self.comm.allgather(value)
+
+
+class DataParallel:
+    """Train one model on N processes as if one process ran the whole effective batch.
+
+        parallel = DataParallel()   # run under `mpiexec -n N`: MPI's COMM_WORLD
+        trainer = Trainer(model=model, args=args, train_dataset=train, distributed=parallel)
+        trainer.train()             # every rank trains; only rank 0 prints and saves
+
+    The Trainer calls four hooks (see the module docstring for the why):
+
+        prepare(model, accumulator, args, num_examples)   once, when the Trainer is built
+        shard(indices)                  for each micro-batch: this rank's share of it
+        all_reduce_(accumulator, stats) once per optimizer step, before write_grads()
+        is_main_process                 only rank 0 logs, shows progress and saves
+
+    `check_every`: optimizer steps between parameter checksums, the first step
+    included (0: never). `check_in_sync()` checks on demand.
+    `comm`: an mpi4py communicator (default COMM_WORLD) or a Communicator.
+    """
+
+    def __init__(self, comm=None, check_every=CHECK_EVERY):
+        self.comm = comm if isinstance(comm, Communicator) else Communicator(comm)
+        self.rank, self.world_size = self.comm.rank, self.comm.size
+        self.is_main_process = self.rank == 0
+        self.check_every = check_every
+        self.steps = 0  # all_reduce_ calls so far = optimizer steps taken
+        self.named_parameters = None  # [(name, Parameter)] in the accumulator's order, set by prepare
+        self.flat_buffers = []  # the accumulation buffers' flat arrays, set by prepare
+
+    # -- once, at the start ---------------------------------------------------------
+    def prepare(self, model, accumulator, args=None, num_examples=None):
+        """Check that all ranks agree, give them rank 0's parameters, bucket the accumulation buffers.
+
+        args / num_examples (TrainingArguments, len(train_dataset)): every rank
+        must read the same data the same way, or their shares would overlap or
+        miss examples; so they are compared too, and the data set must hold at
+        least one micro-batch for every rank.
+        """
+        names = {id(p): name for name, p in model.named_parameters()}
+        missing = [i for i, p in enumerate(accumulator.parameters) if id(p) not in names]
+        if missing:
+            raise ValueError(f"the accumulator holds {len(missing)} parameter(s) that are not the model's")
+        self.named_parameters = [(names[id(p)], p) for p in accumulator.parameters]
+        self.same_everywhere("the model's parameters (name, shape, dtype)",
+                             [(name, tuple(p.shape), str(p.dtype)) for name, p in self.named_parameters])
+        if args is not None:
+            self.same_everywhere("the training arguments", sorted(asdict(args).items()))
+        if num_examples is not None:
+            self.same_everywhere("the training data set's size", num_examples)
+            B = args.per_device_train_batch_size if args is not None else 1
+            if num_examples < B * self.world_size:
+                raise ValueError(
+                    f"the training data set has {num_examples} examples, fewer than one micro-batch on each of "
+                    f"the {self.world_size} processes (per_device_train_batch_size={B} x {self.world_size} = "
+                    f"{B * self.world_size}); use fewer processes, a smaller batch size, or more data"
+                )
+        for _, p in self.named_parameters:  # rank 0's values everywhere (once, so one call per tensor is fine)
+            self.comm.broadcast_(p.data)
+        for _, buf in model.named_buffers():
+            self.comm.broadcast_(buf.data)
+        self.flat_buffers = bucket_buffers(accumulator)
+        return self
+
+    def same_everywhere(self, what, value):
+        """Raise DistributedError, on every rank, unless every rank passed an equal `value`."""
+        values = self.comm.all_gather(value)
+        for rank, other in enumerate(values):
+            if other != values[0]:
+                theirs, reference = _first_difference(other, values[0])
+                raise DistributedError(
+                    f"the processes disagree on {what}: rank {rank} has {theirs} where rank 0 has "
+                    f"{reference}; start every process with the same command, model and data"
+                )
+
+    # -- every micro-batch -------------------------------------------------------------
+    def shard(self, indices):
+        """This rank's share of one global micro-batch (see `shard`); may be empty."""
+        return shard(indices, self.rank, self.world_size)
+
+    # -- every optimizer step -----------------------------------------------------------
+    def all_reduce_(self, accumulator, stats=None):
+        """Sum every rank's accumulation buffers and item count (and `stats`, a dict of numbers), in place.
+
+        Afterwards every rank's `accumulator` holds the sums over the whole
+        effective batch, so `accumulator.write_grads()` divides by the global
+        item count. One all-reduce per flat buffer, one for the counts.
+        """
+        if self.check_every and self.steps % self.check_every == 0:
+            self.check_in_sync()
+        for flat in self.flat_buffers:
+            self.comm.all_reduce_(flat)
+        keys = list(stats) if stats is not None else []
+        counts = numpy.array([accumulator.items] + [stats[k] for k in keys], dtype=numpy.float64)
+        self.comm.all_reduce_(counts)  # float64: item counts stay exact up to 2**53
+        accumulator.items = int(counts[0])
+        for key, total in zip(keys, counts[1:]):
+            stats[key] = int(total) if isinstance(stats[key], int) else float(total)
+        self.steps += 1
+
+    def check_in_sync(self):
+        """Raise DistributedError, on every rank, if any parameter differs between ranks.
+
+        A CRC-32 of each parameter's bytes is gathered from every rank: exact
+        (one flipped bit shows) and a few bytes per parameter to send.
+        """
+        sums = [zlib.crc32(numpy.ascontiguousarray(backend.to_host(p.data)).view(numpy.uint8))
+                for _, p in self.named_parameters]
+        everyone = self.comm.all_gather(sums)
+        for rank, other in enumerate(everyone):  # each rank against rank 0: the same error on every rank
+            for (name, _), reference, theirs in zip(self.named_parameters, everyone[0], other):
+                if theirs != reference:
+                    raise DistributedError(
+                        f"parameters diverged after {self.steps} optimizer step(s): {name!r} on rank {rank} "
+                        "differs from rank 0's. Every rank applies the same update to the same values, so "
+                        "the copies stay identical unless something changed one of them outside the "
+                        "optimizer step (code that runs on one rank only, a non-deterministic op); "
+                        "stopping rather than training different models"
+                    )
+
+
+def _first_difference(value, reference):
+    """(value's part, reference's part) where two gathered values first differ (lists compared item by item)."""
+    if isinstance(value, list) and isinstance(reference, list):
+        for mine, theirs in zip(value, reference):
+            if mine != theirs:
+                return repr(mine), repr(theirs)
+        return f"{len(value)} entries", f"{len(reference)}"
+    return repr(value), repr(reference)
+
+
+# -- for the command line -------------------------------------------------------------
+def from_environment():
+    """A DataParallel when this process was started by `mpiexec -n N` with N > 1; None otherwise.
+
+    Plain runs (and `mpiexec -n 1`) never import mpi4py.
+    """
+    expected = world_size_from_environment()
+    if expected <= 1:
+        return None
+    parallel = DataParallel()
+    if parallel.world_size != expected:
+        raise DistributedError(
+            f"mpiexec started {expected} processes, but MPI sees {parallel.world_size}: the mpiexec you ran "
+            f"belongs to another MPI than mpi4py's. Run the one installed with it: "
+            f"{os.path.join(os.path.dirname(sys.executable), 'mpiexec')}"
+        )
+    return parallel
+
+
+def abort_if_running(code, traceback=False):
+    """Under mpiexec with several processes, stop them all; otherwise do nothing.
+
+    Call it after printing an error: one process that exits while the others
+    wait in an all-reduce would leave them waiting forever. MPI_Abort ends the
+    whole run with exit status `code`. traceback: print the exception being
+    handled first (it would not be printed otherwise).
+    """
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1:
+        return
+    if traceback:
+        import traceback as tb
+
+        tb.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(code)
