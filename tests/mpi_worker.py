@@ -10,7 +10,8 @@ live here and are imported by the test, so both sides build the same thing.
                  uneven and empty shares; AdamW again on device 'cuda' backed
                  by the strict CuPy stand-in, so every host copy MPI needs is
                  explicit): parameters, log, examples read, all-reduce counts
-                 seen at every micro-batch
+                 seen at every micro-batch; and a run stopped after 2 steps
+                 and resumed (rank 0 saves, both load), against one that was not
     errors       ranks that disagree on the model, the arguments or the data,
                  too little data for the world size, parameters that diverge
     abort        rank 1 fails alone while rank 0 waits in a collective:
@@ -112,7 +113,24 @@ def equivalence(parallel, out, checkpointing):
             "flat_buffers": len(parallel.flat_buffers),
             "device": str(trainer.optimizer.params[0].device),
         }
+    results["resume"] = resume(parallel, out)
     (out / f"equivalence_rank{parallel.rank}.json").write_text(json.dumps(results))
+
+
+def resume(parallel, out):
+    """Losses of an uninterrupted 4-step run, and of one stopped after 2 steps and resumed."""
+    def run(max_steps, output_dir, resume_from_checkpoint=None):
+        args = training_args(optim="adamw", per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                             lr_scheduler_type="constant", max_steps=max_steps, output_dir=str(output_dir))
+        trainer = Trainer(tiny_gpt(), args, dataset(23), distributed=parallel)
+        history = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+        return [e["loss"] for e in history if "loss" in e], [p.numpy().tolist() for p in trainer.optimizer.params]
+
+    full, full_params = run(4, out / "full")
+    run(2, out / "stopped")
+    resumed, resumed_params = run(4, out / "stopped", resume_from_checkpoint=True)
+    return {"full": full, "resumed": resumed, "same_params": full_params == resumed_params,
+            "checkpoint": str(out / "stopped" / "checkpoint.npz")}
 
 
 def errors(parallel, out):

@@ -156,6 +156,19 @@ def test_one_all_reduce_per_dtype_per_optimizer_step_and_none_during_accumulatio
         assert param_bytes * steps <= run["bytes_all_reduced"] <= (param_bytes + 64) * steps
 
 
+@needs_mpi
+def test_a_two_rank_run_resumes_exactly_and_only_with_two_ranks(launched):
+    for rank in launched("equivalence"):
+        run = rank["resume"]
+        assert len(run["full"]) == 4 and run["resumed"] == run["full"]  # the history, saved steps included
+        assert run["same_params"]
+    # rank 0 wrote the checkpoint; one process must not resume it (micro_step counts both ranks' examples)
+    args = training_args(optim="adamw", per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                         lr_scheduler_type="constant", max_steps=4)
+    with pytest.raises(ValueError, match=r"written by 2 process\(es\), this run has 1: resume with the same `mpiexec -n`"):
+        Trainer(tiny_gpt(), args, dataset(23)).train(resume_from_checkpoint=launched("equivalence")[0]["resume"]["checkpoint"])
+
+
 # -- errors ------------------------------------------------------------------------------
 @needs_mpi
 @pytest.mark.parametrize("scenario, message", [
