@@ -148,17 +148,21 @@ def gpt_embed(model, idx):
 
 
 def _timed(forward_backward, optimizer):
-    """Run one training step; (seconds for forward + backward, seconds for the whole step)."""
-    start = time.perf_counter()
+    """Run one training step: (forward + backward seconds, step seconds, step CPU seconds).
+
+    CPU seconds (all threads of this process) count work done, not waiting
+    for a busy CPU, so on a shared machine they are the steadier figure.
+    """
+    start, cpu = time.perf_counter(), time.process_time()
     forward_backward()
     middle = time.perf_counter()
     optimizer.step()
     optimizer.zero_grad()
-    return middle - start, time.perf_counter() - start
+    return middle - start, time.perf_counter() - start, time.process_time() - cpu
 
 
-def measure(step, repeats, policy=None):
-    """Memory of one step (its timeline: also the warm-up), then the median time of `repeats` steps.
+def measure_memory(step, policy=None):
+    """Run one step with the timeline on (it is also the warm-up); its memory and FLOPs.
 
     `policy`: the checkpoint policy in use; ops it saves are replayed, not
     recomputed, so their recompute-phase events cost no FLOPs.
@@ -175,7 +179,6 @@ def measure(step, repeats, policy=None):
         traced_peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     peak, by_category = memory.peak()
-    times = [step() for _ in range(repeats)]
     forward = sum(op_flops(e["op"], e["input_shapes"], e["output_shapes"]) for e in events
                   if e["phase"] == "forward" and "output_shapes" in e)
     recompute = sum(op_flops(e["op"], e["input_shapes"], e["output_shapes"]) for e in events
@@ -190,8 +193,6 @@ def measure(step, repeats, policy=None):
         "forward_flops": forward,
         "recompute_flops": recompute,
         "theory_ratio": 1 + recompute / (3 * forward) if forward else None,
-        "forward_backward_seconds": statistics.median(t[0] for t in times),
-        "step_seconds": statistics.median(t[1] for t in times),
         # For the timeline plots: categories and phase per event, and whether it
         # is an op running forward ("op") or a record's backward ("backward").
         "events": [{**{k: v for k, v in e.items() if k not in ("input_shapes", "output_shapes")},
@@ -199,18 +200,39 @@ def measure(step, repeats, policy=None):
     }
 
 
+def time_in_turn(timed, repeats, progress, what):
+    """Time each row's step `repeats` times, one step per row per round; medians into the rows.
+
+    timed: [(row, prepare, step)]; prepare() (untimed) switches the model to
+    the row's strategy. Taking the rows in turn, round after round, means a
+    change in the machine's load touches every row alike, so the ratios
+    between rows hold up better than if each row were timed in one go.
+    """
+    samples = {id(row): [] for row, _, _ in timed}
+    for k in range(repeats):
+        progress(f"{what}: timing round {k + 1}/{repeats}", count=False)
+        for row, prepare, step in timed:
+            prepare()
+            samples[id(row)].append(step())
+    for row, _, _ in timed:
+        times = samples[id(row)]
+        row["forward_backward_seconds"] = statistics.median(t[0] for t in times)
+        row["step_seconds"] = statistics.median(t[1] for t in times)
+        row["step_cpu_seconds"] = statistics.median(t[2] for t in times)
+        row["repeats"] = len(times)
+
+
 # -- the chain strategies (W1 and W2) ------------------------------------------------
 def _strategies(config, fractions, with_selective):
     """(name, how) for the rows of a chain workload; `how` is resolved by `_segments_for`.
 
-    With `fractions`: only budget plans at those fractions (a trade-off curve).
+    `fractions`: budget plans for a trade-off curve, added after the usual rows.
     """
-    if fractions is not None:
-        return [(f"budget {round(f * 100)}%", ("budget", f)) for f in fractions]
     rows = [("none", None), ("every layer", "every"), ("sqrt(n)", "sqrt")]
     rows += [(f"budget {round(f * 100)}%", ("budget", f)) for f in config.budgets]
     if with_selective:
         rows.append(("selective", "selective"))
+    rows += [(f"budget {round(f * 100)}%", ("budget", f)) for f in fractions if f not in config.budgets]
     return rows
 
 
@@ -237,38 +259,52 @@ def _predicted_chain(how, n, segments, block_input, block_held, before, after, s
     return activations.chain_peak(before, inputs, held, after, bounds)
 
 
-def bench_w1(config, depth, progress, fractions=None):
-    """W1 at one depth: a row per strategy (or per budget fraction, for the trade-off curve)."""
+def bench_chain(config, workload, size, model, loss, costs, formulas, progress, fractions=()):
+    """The rows of one chain workload at one size: memory one by one, then times in turn.
+
+    loss(): the model's training loss on the workload's fixed batch; costs:
+    schedules.measure_layers of its blocks (for the budget planner); formulas:
+    the arguments of _predicted_chain.
+    """
+    optimizer = optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+
+    def step():
+        return _timed(lambda: loss().backward(), optimizer)
+
+    rows, timed = [], []
+    for name, how in _strategies(config, fractions, with_selective=workload == "W2"):
+        row = {"workload": workload, "size": size, "strategy": name}
+        if isinstance(how, tuple):
+            row["fraction"] = how[1]
+        progress(f"{workload} size {size}, {name}: memory")
+        try:
+            segments, policy, plan = _segments_for(how, size, costs)
+        except ValueError:
+            rows.append(_infeasible(row, how, size, costs))
+            continue
+        checkpointing(model, segments, policy)
+        row.update(measure_memory(step, policy))
+        row["predicted_activation_bytes"] = _predicted_chain(how, size, segments, **formulas)
+        if plan is not None:
+            row.update(plan=str(plan), planner_predicted_bytes=plan.peak_bytes)
+        rows.append(row)
+        timed.append((row, lambda s=segments, p=policy: checkpointing(model, s, p), step))
+    time_in_turn(timed, config.repeats, progress, f"{workload} size {size}")
+    checkpointing(model, None, None)
+    return rows
+
+
+def bench_w1(config, depth, progress, fractions=()):
+    """W1 at one depth: a row per strategy (and per extra budget fraction)."""
     b, h = config.w1_batch, config.w1_width
     rng = numpy.random.default_rng(0)
     model = MLP(h, h, h, n_layers=depth, rng=rng)
     x = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # (b, h)
     y = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # a fixed random target
-    optimizer = optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     costs = measure_layers(list(model.blocks), x)  # what the budget planner needs: bytes and seconds per layer
     # saved per layer 8bh, of which its input 4bh; the head's input and the loss's difference after
     formulas = dict(block_input=F32 * b * h, block_held=activations.mlp_layer(b, h), before=0, after=2 * F32 * b * h)
-    rows = []
-    for name, how in _strategies(config, fractions, with_selective=False):
-        row = {"workload": "W1", "size": depth, "strategy": name}
-        progress(f"W1 depth {depth}, {name}")
-        try:
-            segments, policy, plan = _segments_for(how, depth, costs)
-        except ValueError:
-            rows.append(_infeasible(row, how, depth, costs))
-            continue
-
-        checkpointing(model, segments, policy)
-
-        def forward_backward():
-            F.mse_loss(model(x), y).backward()
-
-        row.update(measure(lambda: _timed(forward_backward, optimizer), config.repeats, policy))
-        row["predicted_activation_bytes"] = _predicted_chain(how, depth, segments, **formulas)
-        if plan is not None:
-            row.update(plan=str(plan), planner_predicted_bytes=plan.peak_bytes)
-        rows.append(row)
-    return rows
+    return bench_chain(config, "W1", depth, model, lambda: F.mse_loss(model(x), y), costs, formulas, progress, fractions)
 
 
 def _w2_model(config, n_layer, rng):
@@ -277,46 +313,21 @@ def _w2_model(config, n_layer, rng):
     return GPT(gpt_config, rng=rng)
 
 
-def _w2_formulas(config, batch):
-    s, b, h, a, V = config.w2_seq, batch, config.w2_d_model, config.w2_heads, config.w2_vocab
-    dropout = config.w2_dropout > 0
-    return dict(
-        block_input=F32 * s * b * h, block_held=activations.gpt_block(s, b, h, a, dropout),
-        before=activations.gpt_embedding(s, b, h, dropout), after=activations.gpt_head(s, b, h, V),
-        selective_kept=activations.selective_kept(s, b, h), selective_extra=activations.selective_extra(s, b, h),
-    )
-
-
-def bench_w2(config, n_layer, progress, fractions=None):
-    """W2 with n_layer blocks: a row per strategy (or per budget fraction, for the trade-off curve)."""
+def bench_w2(config, n_layer, progress, fractions=()):
+    """W2 with n_layer blocks: a row per strategy (and per extra budget fraction)."""
     rng = numpy.random.default_rng(0)
     model = _w2_model(config, n_layer, rng)
     idx = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T) token ids
     targets = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T)
-    optimizer = optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     costs = measure_layers(list(model.blocks), gpt_embed(model, idx))  # for the budget planner
-    formulas = _w2_formulas(config, config.w2_batch)
-    rows = []
-    for name, how in _strategies(config, fractions, with_selective=True):
-        row = {"workload": "W2", "size": n_layer, "strategy": name}
-        progress(f"W2 {n_layer} blocks, {name}")
-        try:
-            segments, policy, plan = _segments_for(how, n_layer, costs)
-        except ValueError:
-            rows.append(_infeasible(row, how, n_layer, costs))
-            continue
-
-        checkpointing(model, segments, policy)
-
-        def forward_backward():
-            model(idx, targets)[1].backward()
-
-        row.update(measure(lambda: _timed(forward_backward, optimizer), config.repeats, policy))
-        row["predicted_activation_bytes"] = _predicted_chain(how, n_layer, segments, **formulas)
-        if plan is not None:
-            row.update(plan=str(plan), planner_predicted_bytes=plan.peak_bytes)
-        rows.append(row)
-    return rows
+    s, b, h, a, V = config.w2_seq, config.w2_batch, config.w2_d_model, config.w2_heads, config.w2_vocab
+    dropout = config.w2_dropout > 0
+    formulas = dict(
+        block_input=F32 * s * b * h, block_held=activations.gpt_block(s, b, h, a, dropout),
+        before=activations.gpt_embedding(s, b, h, dropout), after=activations.gpt_head(s, b, h, V),
+        selective_kept=activations.selective_kept(s, b, h), selective_extra=activations.selective_extra(s, b, h),
+    )
+    return bench_chain(config, "W2", n_layer, model, lambda: model(idx, targets)[1], costs, formulas, progress, fractions)
 
 
 def _infeasible(row, how, n, costs):
@@ -338,13 +349,10 @@ def bench_w3(config, progress):
     optimizer = optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     params = list(model.parameters())
     initial = [p.data.copy() for p in params]
-    reference = None
-    rows = []
-    for micro, steps in config.w3_splits:
-        if micro * steps != N:
-            raise ValueError(f"W3 split {micro} x {steps} does not make the effective batch {N}")
-        progress(f"W3 {micro} x {steps}")
-        accumulator = GradientAccumulator(model.parameters(), gradient_accumulation_steps=steps) if steps > 1 else None
+
+    def make_step(micro, steps):
+        """(forward_backward, step, accumulator) for one split, with its own accumulation buffers."""
+        accumulator = GradientAccumulator(params, gradient_accumulation_steps=steps) if steps > 1 else None
         # (micro, T) arrays of their own, as a data loader hands them over
         micro_batches = [(idx[k * micro:(k + 1) * micro].copy(), targets[k * micro:(k + 1) * micro].copy())
                          for k in range(steps)]
@@ -366,10 +374,18 @@ def bench_w3(config, progress):
                 accumulator.zero_grad()
             return times
 
+        return forward_backward, step, accumulator
+
+    rows, reference = [], None
+    for micro, steps in config.w3_splits:
+        if micro * steps != N:
+            raise ValueError(f"W3 split {micro} x {steps} does not make the effective batch {N}")
+        progress(f"W3 {micro} x {steps}: gradients and memory")
         row = {"workload": "W3", "size": config.w3_blocks, "strategy": f"{micro} x {steps}", "micro_batch": micro, "steps": steps}
-        # Gradients equal across splits: at the initial weights (the timed steps
-        # move them), with dropout off (eval mode: each split draws its masks in
-        # another order), on the same batch. Relative to the largest gradient.
+        forward_backward, step, accumulator = make_step(micro, steps)
+        # Gradients equal across splits: at the initial weights, with dropout
+        # off (eval mode: each split draws its masks in another order), on the
+        # same batch; relative to the largest gradient.
         for p, w in zip(params, initial):
             p.data[...] = w
         model.eval()
@@ -382,11 +398,14 @@ def bench_w3(config, progress):
         reference = grads if reference is None else reference
         scale = max(float(numpy.abs(g).max()) for g in reference)
         row["max_grad_difference"] = max(float(numpy.abs(g - r).max()) for g, r in zip(grads, reference)) / scale
-        row.update(measure(step, config.repeats))
+        row.update(measure_memory(step))  # only this split's buffers exist now
         row["predicted_activation_bytes"] = activations.gpt(
             config.w3_blocks, T, micro, config.w2_d_model, config.w2_heads, config.w2_vocab, config.w2_dropout > 0)
         rows.append(row)
-        del accumulator
+        del forward_backward, step, accumulator
+    # Times: every split's buffers at once now (memory is not measured any more).
+    timed = [(row, lambda: None, make_step(row["micro_batch"], row["steps"])[1]) for row in rows]
+    time_in_turn(timed, config.repeats, progress, "W3")
     return rows
 
 
@@ -407,7 +426,7 @@ CATEGORY_COLUMNS = ("parameters", "gradients", "optimizer", "accumulation", "act
 def table(rows, title, size_name, baselines, extra=None):
     """A Markdown table of rows; `baselines` maps a size to its baseline row."""
     head = [size_name, "strategy", "peak MiB", "params", "grads", "optim", "accum", "act", "other",
-            "act peak MiB", "predicted", "step ×", "fwd+bwd ×", "theory ×"]
+            "act peak MiB", "predicted", "step ×", "fwd+bwd ×", "cpu ×", "theory ×"]
     if extra:
         head.append(extra[0])
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -420,7 +439,8 @@ def table(rows, title, size_name, baselines, extra=None):
             theory = f"{r['theory_ratio']:.2f}" if r.get("theory_ratio") else "—"
             cells = [str(r["size"]), r["strategy"], _mib(r["peak_bytes"]), *cats,
                      _mib(r["activation_peak_bytes"]), _mib(r["predicted_activation_bytes"]),
-                     _ratio(r, base), _ratio(r, base, "forward_backward_seconds"), theory]
+                     _ratio(r, base), _ratio(r, base, "forward_backward_seconds"),
+                     _ratio(r, base, "step_cpu_seconds"), theory]
             if extra:
                 cells.append(extra[1](r))
         lines.append("| " + " | ".join(cells) + " |")
@@ -471,7 +491,9 @@ def render(results):
            + (f"; load average at start {load:.1f}" if load is not None else ""), "",
            "MiB = 2^20 bytes. Category columns: live bytes at the moment of the step's peak. "
            "act peak: the highest saved-activation bytes over the step; predicted: activations.py. "
-           "step ×, fwd+bwd ×: median time / the baseline's, same run. theory ×: (3F + recompute FLOPs) / 3F.", ""]
+           "step ×, fwd+bwd ×, cpu ×: median wall time of the step, of its forward + backward, and the step's "
+           "CPU time (all threads), over the baseline's, timed in turn in the same rounds. "
+           "theory ×: (3F + recompute FLOPs) / 3F.", ""]
     rows = results["rows"]
     for workload, title, size_name in (("W1", "W1: deep MLP (width %d, batch %d)", "depth"),
                                        ("W2", "W2: GPT stack (d_model %d, %d heads, seq %d, batch %d)", "blocks")):
@@ -585,15 +607,15 @@ def run(args):
     if load is not None and load > (os.cpu_count() or 1) / 2:
         print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
               "slower and noisier than on a quiet machine, and ratios less reliable", flush=True)
-    count = _count_rows(config)
-    print(f"tinygrad-ckpt bench: {name} set, {count} rows, {config.repeats} timed steps each after one warm-up; "
+    total = _count_rows(config)
+    print(f"tinygrad-ckpt bench: {name} set, {total} rows, {config.repeats} timed steps each after one warm-up; "
           f"BLAS threads: {threads['summary']}", flush=True)
     start = time.perf_counter()
     done = [0]
 
-    def progress(what):
-        done[0] += 1
-        print(f"[{done[0]:>3}/{count}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
+    def progress(what, count=True):
+        done[0] += count
+        print(f"[{done[0]:>3}/{total}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
 
     random.manual_seed(0)  # the dropout masks
     with context:
@@ -632,30 +654,33 @@ def _json_default(x):
 
 
 def _count_rows(config):
-    w1 = len(config.w1_depths) * (3 + len(config.budgets))
-    w2 = len(config.w2_blocks) * (4 + len(config.budgets))
-    tradeoff = 2 * len(config.tradeoff_fractions)
-    return w1 + w2 + tradeoff + len(config.w3_splits)
+    """How many rows the set measures (the progress counter's total)."""
+    extra = len([f for f in config.tradeoff_fractions if f not in config.budgets])
+    w1 = len(config.w1_depths) * (3 + len(config.budgets)) + extra
+    w2 = len(config.w2_blocks) * (4 + len(config.budgets)) + extra
+    return w1 + w2 + len(config.w3_splits)
 
 
 def collect(config, progress):
-    """Every measurement of a set: {'rows': [...], 'tradeoff': [...], 'timelines': {...}}."""
-    rows = []
-    for depth in config.w1_depths:
-        rows += bench_w1(config, depth, progress)
-        gc.collect()
-    for n_layer in config.w2_blocks:
-        rows += bench_w2(config, n_layer, progress)
-        gc.collect()
-    tradeoff = []
-    for workload, size in (("W1", config.tradeoff_w1_depth), ("W2", config.tradeoff_w2_blocks)):
-        bench = bench_w1 if workload == "W1" else bench_w2
-        curve = bench(config, size, progress, fractions=config.tradeoff_fractions)
-        gc.collect()
-        uniform = [r for r in rows if r["workload"] == workload and r["size"] == size and not r.get("infeasible")]
-        baseline = next((r for r in uniform if r["strategy"] == "none"), None)
-        tradeoff.append({"workload": workload, "size": size, "rows": curve, "baseline": baseline,
-                         "uniform": [r["strategy"] for r in uniform]})
+    """Every measurement of a set: {'rows': [...], 'tradeoff': [...], 'timelines': {...}}.
+
+    The trade-off curve of a workload is measured with the rows of its size,
+    in the same timing rounds, so its ratios share their baseline's conditions.
+    """
+    rows, tradeoff = [], []
+    for workload, sizes, curve_size, bench in (("W1", config.w1_depths, config.tradeoff_w1_depth, bench_w1),
+                                               ("W2", config.w2_blocks, config.tradeoff_w2_blocks, bench_w2)):
+        if curve_size not in sizes:
+            raise ValueError(f"{workload}: the trade-off size {curve_size} must be one of the sizes {sizes}")
+        for size in sizes:
+            fractions = config.tradeoff_fractions if size == curve_size else ()
+            got = bench(config, size, progress, fractions)
+            gc.collect()
+            rows += [r for r in got if r.get("fraction") is None or r["fraction"] in config.budgets]
+            if fractions:
+                baseline = next(r for r in got if r["strategy"] == "none")
+                curve = sorted((r for r in got if r.get("fraction") in fractions), key=lambda r: -r["fraction"])
+                tradeoff.append({"workload": workload, "size": size, "rows": curve, "baseline": baseline})
     rows += bench_w3(config, progress)
     gc.collect()
     timelines = {}
@@ -663,9 +688,6 @@ def collect(config, progress):
         timelines[workload] = {"size": size, "strategies": {
             r["strategy"]: r["events"] for r in rows
             if r["workload"] == workload and r["size"] == size and not r.get("infeasible")}}
-    for r in rows:  # events are kept only for the timeline plots
-        r.pop("events", None)
-    for curve in tradeoff:
-        for r in curve["rows"]:
-            r.pop("events", None)
+    for r in rows + [r for curve in tradeoff for r in curve["rows"]]:
+        r.pop("events", None)  # kept only for the timeline plots
     return {"rows": rows, "tradeoff": tradeoff, "timelines": timelines}
