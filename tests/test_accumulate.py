@@ -285,8 +285,10 @@ def test_peak_activation_memory_is_one_micro_batch_not_the_effective_batch():
     acc_total, acc_act = measure(accumulate_properly)
     bad_total, bad_act = measure(eight_forwards_then_one_backward)
     assert one_act > 0
-    # Forward-then-backward per micro-batch: one micro-batch's activations at a time.
-    assert acc_act <= 1.01 * one_act and acc_total <= 1.05 * one_total
+    # Forward-then-backward per micro-batch: one micro-batch's activations at a
+    # time; the total adds only the accumulation buffers (one per parameter).
+    buffers = sum(p.data.nbytes for p in params)
+    assert acc_act <= 1.01 * one_act and acc_total <= 1.01 * one_total + buffers
     # The wrong order holds all eight micro-batches' activations at once.
     assert bad_act >= 0.99 * k * one_act and bad_total >= 0.5 * k * one_total
 

@@ -163,7 +163,7 @@ def measure_layers(layers, x, repeats=2):
             seconds = min(seconds, time.perf_counter() - start)
         nodes = recorded.nodes()
         params = {id(backend.storage(t.data)) for n in nodes for t in n.inputs
-                  if t.is_leaf and t.requires_grad and t is not inp}
+                  if t is not None and t.is_leaf and t.requires_grad and t is not inp}
         saved = {}
         for n in nodes:
             for a in n.ctx.saved_arrays or ():

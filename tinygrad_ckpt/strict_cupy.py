@@ -442,16 +442,26 @@ def triu(m, k=0):
 
 
 # -- elementwise math ---------------------------------------------------------------
-def exp(x):
-    return _call(numpy.exp, x)
+def _ufunc(function, x, out):
+    """A one-input ufunc; with `out`, written into that device array (CuPy's ufuncs take out= too)."""
+    if out is None:
+        return _call(function, x)
+    if not isinstance(out, ndarray):
+        raise TypeError(_MIXED)
+    function(_operand(x), out=out._array)
+    return out
 
 
-def log(x):
-    return _call(numpy.log, x)
+def exp(x, out=None):
+    return _ufunc(numpy.exp, x, out)
 
 
-def tanh(x):
-    return _call(numpy.tanh, x)
+def log(x, out=None):
+    return _ufunc(numpy.log, x, out)
+
+
+def tanh(x, out=None):
+    return _ufunc(numpy.tanh, x, out)
 
 
 def sqrt(x):

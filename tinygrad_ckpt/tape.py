@@ -1,8 +1,9 @@
 """The tape: a list of op records in forward order, walked in reverse by backward.
 
 While gradients are recorded, every differentiable op appends one `Node` to
-the active tape: the op, its input tensors, its outputs and the arrays it
-saved for backward. `loss.backward()` walks that list from the end, hands
+the active tape: the op, where its inputs' gradients go (the records that
+produced them, or the leaf tensors), its outputs and the arrays it saved for
+backward. `loss.backward()` walks that list from the end, hands
 each record the gradient of its outputs, and adds the gradients it returns
 into its inputs (added, never assigned: a tensor used twice gets both).
 Each record drops its saved arrays as soon as its backward has run.
@@ -12,10 +13,14 @@ Each record drops its saved arrays as soon as its backward has run.
     >>> print(active())          # the records, oldest first
 
 Lifetime, decided on purpose: the tape holds its records by *weak*
-reference, and a record is owned by the tensors it produced. A record lives
-exactly as long as some tensor computed from it, as PyTorch's graph does, so
+reference, and a record is owned by the tensors it produced and by the
+records that used them. A record lives exactly as long as some tensor
+computed from it, as PyTorch's graph does, so
 a forward that is never backpropagated (an evaluation loop with gradients on,
-a loss that is dropped) frees itself; nothing piles up on the tape.
+a loss that is dropped) frees itself; nothing piles up on the tape. And a
+record does not keep its input tensors (only their records), so an
+intermediate array that no op saved is freed as soon as the forward is done
+with it, as in PyTorch.
 
 Tapes nest. `no_grad()` makes "no tape" active (nothing is recorded);
 `recording(Tape())` makes a fresh tape active, which is how a checkpoint
@@ -32,20 +37,44 @@ from . import backend, memory
 
 
 class Node:
-    """One record on the tape: one op run, with what its backward needs."""
+    """One record on the tape: one op run, with what its backward needs.
 
-    __slots__ = ("op", "ctx", "inputs", "outputs", "shapes", "dtypes", "tape", "index", "__weakref__")
+    `edges` says where each input's gradient goes, as PyTorch's
+    `grad_fn.next_functions` does: `(record, i)` for an input computed by
+    another op (output i of that record), `(None, tensor)` for a leaf that
+    requires grad (its .grad), `(None, None)` for an input that needs none.
+    The record does not hold its input tensors: that would keep every
+    intermediate array alive until backward, even one no op saved (a
+    softmax's input, a dropout's output). `inputs` gives them back while
+    they are alive (None once freed).
+    """
+
+    __slots__ = ("op", "ctx", "edges", "_inputs", "input_shapes", "outputs", "shapes", "dtypes",
+                 "tape", "index", "__weakref__")
 
     def __init__(self, op, ctx, inputs, outputs):
         self.op = op  # the Function subclass; its backward is op.backward
         self.ctx = ctx
-        self.inputs = inputs  # strong: backward hands gradients to them
+        self.edges = tuple(_edge(t) for t in inputs)  # strong: the graph backward walks
+        self._inputs = tuple(weakref.ref(t) for t in inputs)
+        self.input_shapes = tuple(t.shape for t in inputs)
         # Weak: the outputs own this record, not the other way round.
         self.outputs = tuple(weakref.ref(t) for t in outputs)
         self.shapes = tuple(t.shape for t in outputs)
         self.dtypes = tuple(t.dtype for t in outputs)
         for t in outputs:
             t._node = self
+
+    @property
+    def inputs(self):
+        """The input tensors that are still alive (None for a freed intermediate)."""
+        return tuple(r() for r in self._inputs)
+
+    @inputs.setter
+    def inputs(self, value):
+        if value != ():
+            raise ValueError("a record's inputs can only be dropped (node.inputs = ())")
+        self.edges = self._inputs = ()  # let go of the graph behind this record
 
     @property
     def name(self):
@@ -97,45 +126,44 @@ class Tape:
 
     def backward(self, tensors, grads, retain_graph=False):
         """Reverse-mode sweep: add d(tensors)/d(leaf) * grads into every leaf's .grad."""
-        pending = {}  # id(tensor) -> (tensor, gradient array) not yet handed to its record
+        pending = {}  # (record, output index) -> gradient array not yet handed to that record
         # Gradient arrays placed somewhere (a .grad or a pending sum): never taken
         # over or written in place. Weak, by id: an id alone could be reused by a
         # new array once the old one is freed, and would force a needless copy.
         seen = {id(g): weakref.ref(g) for g in grads}
         for t, g in zip(tensors, grads):
-            _deliver(t, g, pending, seen)
+            _deliver(_edge(t), g, pending, seen)
         with memory.phase("backward" if memory.tracker.phase != "recompute" else "recompute"):
             for ref in reversed(self.records):
                 node = ref()
                 if node is None:
                     continue
-                outs = [o() for o in node.outputs]
-                out_grads = [pending.pop(id(o), (None, None))[1] if o is not None else None for o in outs]
+                out_grads = [pending.pop((node, i), None) for i in range(len(node.shapes))]
                 if all(g is None for g in out_grads):
                     continue  # this record does not lead to what we differentiate
                 if node.freed:
                     _raise_freed(node)
-                out_grads = [g if g is not None else _zeros(node, i) for i, g in enumerate(out_grads)]
+                out_grads = [g if g is not None else _zeros(node, i, out_grads) for i, g in enumerate(out_grads)]
                 in_grads = node.op.backward(node.ctx, *out_grads)
                 if not isinstance(in_grads, tuple):
                     in_grads = (in_grads,)
                 if not retain_graph:
                     node.ctx.free()
-                for t, g in zip(node.inputs, in_grads):
-                    if g is not None and t.requires_grad:
-                        _deliver(t, backend.as_array(g), pending, seen)
+                for edge, g in zip(node.edges, in_grads):
+                    if g is not None and (edge[0] is not None or edge[1] is not None):
+                        _deliver(edge, backend.as_array(g), pending, seen)
                 # Drop this record's gradients now, not when the next record's
                 # backward reassigns the names: else they outlive their use.
-                outs = out_grads = in_grads = g = None
+                out_grads = in_grads = g = None
                 if not retain_graph:
-                    # Let go of the inputs too: a forward tensor that nothing
-                    # else holds is freed now, not when the loss is dropped,
-                    # so memory falls during backward as it does in PyTorch.
+                    # Let go of the records behind this one too: one that no
+                    # gradient is pending for is freed now, not when the loss
+                    # is dropped, so memory falls during backward as in PyTorch.
                     node.inputs = ()
                 memory.tracker.event(node.name)
-        for t, _ in pending.values():  # a gradient that found no live record to go to
-            if t._node.freed:
-                _raise_freed(t._node)
+        for record, _ in pending:  # a gradient that found no live record to go to
+            if record.freed:
+                _raise_freed(record)
         if not retain_graph:  # freed records will never be walked again
             self.records = [r for r in self.records if r() is not None and not r().freed]
 
@@ -148,9 +176,20 @@ def _raise_freed(node):
     )
 
 
-def _deliver(t, g, pending, seen):
-    """Add gradient `g` into tensor `t`: its .grad if a leaf, else its pending sum."""
-    if t._node is None:  # a leaf: accumulate into .grad, as PyTorch does
+def _edge(t):
+    """Where the gradient of tensor t goes (see Node): (its record, which output) or (None, leaf)."""
+    node = t._node
+    if node is None:
+        return (None, t if t.requires_grad else None)
+    if len(node.outputs) == 1:
+        return (node, 0)
+    return (node, next(i for i, o in enumerate(node.outputs) if o() is t))
+
+
+def _deliver(edge, g, pending, seen):
+    """Add gradient `g` along `edge`: into a leaf's .grad, or a record's pending sum."""
+    record, t = edge
+    if record is None:  # a leaf: accumulate into .grad, as PyTorch does
         if t.grad is None:
             # Take `g` as the new .grad only if nothing else refers to it (it is
             # not a view, and no other tensor got it); else copy, so that a later
@@ -164,10 +203,10 @@ def _deliver(t, g, pending, seen):
             t.grad.data += g
         seen[id(g)] = weakref.ref(g)
     else:
-        entry = pending.get(id(t))
-        total = g if entry is None else entry[1] + g  # out of place: g may be shared
+        entry = pending.get(edge)
+        total = g if entry is None else entry + g  # out of place: g may be shared
         memory.track(total)
-        pending[id(t)] = (t, total)
+        pending[edge] = total
         seen[id(total)] = weakref.ref(total)
 
 
@@ -177,9 +216,9 @@ def _placed(g, seen):
     return ref is not None and ref() is g
 
 
-def _zeros(node, i):
-    """The gradient of an output nobody used: zeros of its shape."""
-    xp = backend.array_module(*(t.data for t in node.inputs))
+def _zeros(node, i, out_grads):
+    """The gradient of an output nobody used: zeros of its shape, where the others' are."""
+    xp = backend.array_module(*(g for g in out_grads if g is not None))
     return xp.zeros(node.shapes[i], dtype=node.dtypes[i])
 
 

@@ -14,7 +14,7 @@ its backward reads, and skips saving for inputs that need no gradient.
 
 import numpy
 
-from ..backend import array_module
+from ..backend import array_module, as_array
 from ..function import Function
 
 
@@ -269,37 +269,52 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 class GELU(Function):
     """GELU with the tanh approximation, as GPT-2 uses:
 
-        out = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
-        dx  = g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)),  t = tanh(u)
+        out = 0.5 x (1 + t),  t = tanh(u),  u = sqrt(2/pi) (x + 0.044715 x^3)
+        dx  = g * 0.5 [(1 + t) + k (1 - t^2)],  k = sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
 
-    Saves x only; backward recomputes tanh(u), which is cheaper in memory than
+    Saves x only; backward recomputes t, which is cheaper in memory than
     saving it (one array instead of two).
+
+    Written for speed: `a * b + c` in NumPy makes a new array per operator.
+    Here each step updates one array in place (`*=`, `out=`), so forward
+    makes one new array (its result) and backward three. (`as_array`: for a
+    0-d x, NumPy returns a scalar from `x * x`, which `out=` cannot take.)
     """
 
     @staticmethod
     def forward(ctx, x):
         xp = array_module(x)
         ctx.save_for_backward(x)
-        t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
-        t += 1
-        t *= 0.5 * x  # in place: one temporary instead of three
-        return t
+        out = as_array(x * x)
+        out *= 0.044715 * _SQRT_2_OVER_PI
+        out += _SQRT_2_OVER_PI
+        out *= x  # u = sqrt(2/pi) (x + 0.044715 x^3)
+        xp.tanh(out, out=out)  # t
+        out += 1
+        out *= x
+        out *= 0.5  # 0.5 x (1 + t)
+        return out
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
         xp = array_module(x)
-        x2 = x * x
-        t = xp.tanh(_SQRT_2_OVER_PI * x * (1 + 0.044715 * x2))
-        # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 0.134145 x^2), built in place
-        inner = _SQRT_2_OVER_PI * (1 + 0.134145 * x2)
-        inner *= 0.5 * x
-        inner *= 1 - t * t
-        t += 1
-        t *= 0.5
-        inner += t
-        inner *= g
-        return inner
+        k = as_array(x * x)
+        t = as_array(k * (0.044715 * _SQRT_2_OVER_PI))
+        t += _SQRT_2_OVER_PI
+        t *= x
+        xp.tanh(t, out=t)  # t = tanh(u), as in forward
+        k *= 3 * 0.044715 * _SQRT_2_OVER_PI
+        k += _SQRT_2_OVER_PI
+        k *= x  # k = sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
+        dx = as_array(t * t)
+        dx -= 1
+        dx *= k  # -k (1 - t^2)
+        dx -= t
+        dx -= 1  # -[(1 + t) + k (1 - t^2)]
+        dx *= g
+        dx *= -0.5
+        return dx
 
 
 class Cast(Function):

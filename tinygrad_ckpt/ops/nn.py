@@ -21,7 +21,8 @@ class Softmax(Function):
     def forward(ctx, x, axis=-1):
         xp = array_module(x)
         ctx.axis = axis
-        out = xp.exp(x - x.max(axis=axis, keepdims=True))  # subtracting the max cannot overflow
+        out = x - x.max(axis=axis, keepdims=True)  # subtracting the max: exp cannot overflow
+        xp.exp(out, out=out)  # in place: one array for the whole op
         out /= out.sum(axis=axis, keepdims=True)
         ctx.save_for_backward(out)
         return out
@@ -84,14 +85,18 @@ class LayerNorm(Function):
     @staticmethod
     def backward(ctx, g):
         x, weight, mean, rstd = ctx.saved_arrays
-        xhat = (x - mean) * rstd
-        dxhat = g * weight
-        dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
-        dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+        # Three new arrays (xhat, g * xhat, dx), each step in place after that.
+        xhat = x - mean
+        xhat *= rstd
+        g_xhat = g * xhat
+        dweight = g_xhat.reshape(-1, g.shape[-1]).sum(axis=0)  # summed over all rows
+        dbias = g.reshape(-1, g.shape[-1]).sum(axis=0)
+        g_xhat *= weight  # now dxhat * xhat
+        dx = g * weight  # dxhat
+        dx -= dx.mean(axis=-1, keepdims=True)
+        xhat *= g_xhat.mean(axis=-1, keepdims=True)
+        dx -= xhat
         dx *= rstd
-        rows = g.reshape(-1, g.shape[-1])
-        dweight = (rows * xhat.reshape(rows.shape)).sum(axis=0)
-        dbias = rows.sum(axis=0)
         return dx, dweight, dbias
 
 
