@@ -616,7 +616,8 @@ def run(args):
     load = _load()
     if load is not None and load > (os.cpu_count() or 1) / 2:
         print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
-              "slower and noisier than on a quiet machine, and ratios less reliable", flush=True)
+              "slower and noisier than on a quiet machine. BLAS threads that find no free core wait on each "
+              "other (we measured single steps 10x slower that way); --threads 1 gives steadier ratios", flush=True)
     total = _count_rows(config)
     print(f"tinygrad-ckpt bench: {name} set, {total} rows, {config.repeats} timed steps each after one warm-up; "
           f"BLAS threads: {threads['summary']}", flush=True)
