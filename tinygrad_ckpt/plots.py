@@ -29,6 +29,14 @@ MIB = 2**20
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#8172b3",
            "accumulation": "#937860", "activations": "#55a868", "other": "#c4c4c4"}
 CATEGORIES = tuple(COLOURS)
+# One colour and marker per strategy, the same in every picture; others get matplotlib's.
+STYLES = {"none": ("#1f77b4", "o"), "every layer": ("#ff7f0e", "^"), "sqrt(n)": ("#2ca02c", "D"),
+          "selective": ("#d62728", "P"), "budget 50%": ("#9467bd", "s"), "budget 25%": ("#8c564b", "v")}
+
+
+def _style(strategy):
+    colour, marker = STYLES.get(strategy, (None, "o"))
+    return {"color": colour, "marker": marker}
 
 
 def draw_all(results, output_dir):
@@ -70,8 +78,9 @@ def peak_memory(results):
         for strategy in strategies:
             points = sorted((r["size"], r) for r in rows if r["strategy"] == strategy)
             sizes = [s for s, _ in points]
-            line, = axes[0][col].plot(sizes, [r["peak_bytes"] / MIB for _, r in points], "o-", label=strategy)
-            axes[1][col].plot(sizes, [r["activation_peak_bytes"] / MIB for _, r in points], "o-", color=line.get_color(), label=strategy)
+            line, = axes[0][col].plot(sizes, [r["peak_bytes"] / MIB for _, r in points], "-", label=strategy, **_style(strategy))
+            axes[1][col].plot(sizes, [r["activation_peak_bytes"] / MIB for _, r in points], "-",
+                              label=strategy, **{**_style(strategy), "color": line.get_color()})
             axes[1][col].plot(sizes, [r["predicted_activation_bytes"] / MIB for _, r in points], "x", color="black", markersize=7)
         axes[0][col].set_title(f"{workload}: peak live memory of a training step")
         axes[1][col].set_title(f"{workload}: peak of saved activations (x = predicted)")
@@ -132,21 +141,23 @@ def tradeoff(results):
     """Budget plans (a line through the budgets) and uniform schedules (markers): memory against time."""
     curves = results["tradeoff"]
     fig, axes = plt.subplots(1, max(len(curves), 1), figsize=(6 * max(len(curves), 1), 4.5), squeeze=False)
-    markers = {"none": "s", "every layer": "^", "sqrt(n)": "D", "selective": "P"}
+    uniform_strategies = ("none", "every layer", "sqrt(n)", "selective")
     for ax, curve in zip(axes[0], curves):
         base = curve["baseline"]
         measured = [r for r in curve["rows"] if not r.get("infeasible")]
         if base is not None and measured:
-            points = sorted((r["step_seconds"] / base["step_seconds"], r["activation_peak_bytes"] / MIB, r) for r in measured)
+            # in the order of the budget, from the largest: the curve's parameter
+            points = [(r["step_seconds"] / base["step_seconds"], r["activation_peak_bytes"] / MIB, r)
+                      for r in sorted(measured, key=lambda r: -r["fraction"])]
             ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="black", label="budget plans (measured)")
             for x, y, r in points:
                 ax.annotate(r["strategy"].replace("budget ", ""), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         uniform = [r for r in results["rows"] if r["workload"] == curve["workload"] and r["size"] == curve["size"]
-                   and r["strategy"] in markers and not r.get("infeasible")]
+                   and r["strategy"] in uniform_strategies and not r.get("infeasible")]
         for r in uniform:
             if base is not None:
                 ax.plot(r["step_seconds"] / base["step_seconds"], r["activation_peak_bytes"] / MIB,
-                        markers[r["strategy"]], markersize=9, label=r["strategy"])
+                        linestyle="none", markersize=9, label=r["strategy"], **_style(r["strategy"]))
         ax.set_title(f"{curve['workload']} size {curve['size']}: memory against time")
         ax.set_xlabel("step time / no checkpointing (median)")
         ax.set_ylabel("peak of saved activations, MiB")
