@@ -1,6 +1,6 @@
 """`tinygrad-ckpt bench`: checkpointing and accumulation strategies, side by side, measured.
 
-    tinygrad-ckpt bench --quick                  # a smaller set: under two minutes on 2 cores
+    tinygrad-ckpt bench --quick                  # a smaller set: about a minute of CPU time
     tinygrad-ckpt bench --output-dir bench-out   # the full set (it says how long it took)
 
 It runs the reference workloads (copied below from the project's
@@ -124,7 +124,7 @@ workloads (W1 deep MLP, W2 GPT stack, W3 accumulation): peak memory by category,
 saved activations measured beside the analytic count, step time relative to no
 checkpointing. Prints Markdown tables; writes bench.json, bench.md and PNG plots.
 
-  tinygrad-ckpt bench --quick      the smaller set, under two minutes on 2 cores
+  tinygrad-ckpt bench --quick      the smaller set: about a minute of CPU time
   tinygrad-ckpt bench              the full set (it says how long it took)"""
 
 LEARNING_RATE = 1e-4  # small: the step is measured, the model need not learn
@@ -591,7 +591,8 @@ def write_atomic(path, text):
 # -- the command ----------------------------------------------------------------------------
 def add_arguments(parser):
     parser.add_argument("--quick", action="store_true",
-                        help="a smaller set (W1 depth 8 and 16, W2 2 blocks, three W3 splits): under two minutes on 2 cores")
+                        help="a smaller set (W1 depth 8 and 16, W2 2 blocks, three W3 splits): about a minute of CPU time, "
+                             "under two minutes on 2 free cores")
     parser.add_argument("--output-dir", default="bench-out", metavar="DIR",
                         help="where bench.json, bench.md and the PNG plots go (default: bench-out)")
     parser.add_argument("--threads", type=int, default=2, help="BLAS threads (default 2; see the notes printed)")
