@@ -185,9 +185,13 @@ class Checkpoint(Function):
         with _recompute(), segment.replaying_rng(), tape.recording(fresh):
             outputs = segment.call(inputs)
         outputs = segment.check_outputs(outputs, fresh)
-        pairs = [(o, backend.as_array(g)) for o, g in zip(outputs, grads) if o.requires_grad]
+        # Start the inner backward from the outputs' gradient edges, and drop the
+        # recomputed outputs: their records are all it needs, and an output no op
+        # saved (the segment's last GELU's) is freed instead of held meanwhile.
+        pairs = [(tape.get_gradient_edge(o), backend.as_array(g)) for o, g in zip(outputs, grads) if o.requires_grad]
+        outputs = None
         if pairs:
-            fresh.backward([o for o, _ in pairs], [g for _, g in pairs])
+            fresh.backward([e for e, _ in pairs], [g for _, g in pairs])
         in_grads = []
         for t in inputs:
             if not t.requires_grad:

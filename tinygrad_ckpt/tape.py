@@ -125,14 +125,19 @@ class Tape:
         return "\n".join(lines)
 
     def backward(self, tensors, grads, retain_graph=False):
-        """Reverse-mode sweep: add d(tensors)/d(leaf) * grads into every leaf's .grad."""
+        """Reverse-mode sweep: add d(tensors)/d(leaf) * grads into every leaf's .grad.
+
+        `tensors` may also be gradient edges (`get_gradient_edge(t)`), as in
+        PyTorch: then the tensors themselves, and their arrays, may be gone.
+        """
         pending = {}  # (record, output index) -> gradient array not yet handed to that record
         # Gradient arrays placed somewhere (a .grad or a pending sum): never taken
         # over or written in place. Weak, by id: an id alone could be reused by a
         # new array once the old one is freed, and would force a needless copy.
         seen = {id(g): weakref.ref(g) for g in grads}
         for t, g in zip(tensors, grads):
-            _deliver(_edge(t), g, pending, seen)
+            _deliver(t if isinstance(t, tuple) else _edge(t), g, pending, seen)
+        tensors = None  # the edges are all the walk needs
         with memory.phase("backward" if memory.tracker.phase != "recompute" else "recompute"):
             for ref in reversed(self.records):
                 node = ref()
@@ -174,6 +179,15 @@ def _raise_freed(node):
         "the first backward. Pass retain_graph=True to the first backward() if you "
         "need to backpropagate twice."
     )
+
+
+def get_gradient_edge(t):
+    """Where the gradient of tensor t goes: (its record, which output), or (None, t) for a leaf.
+
+    PyTorch's torch.autograd.graph.get_gradient_edge. An edge keeps t's
+    record alive, not t: backward can start from it after t is dropped.
+    """
+    return _edge(t)
 
 
 def _edge(t):

@@ -14,7 +14,7 @@ its backward reads, and skips saving for inputs that need no gradient.
 
 import numpy
 
-from ..backend import array_module, as_array
+from ..backend import array_module, as_array, device_of
 from ..function import Function
 
 
@@ -271,14 +271,19 @@ class GELU(Function):
 
         out = 0.5 x (1 + t),  t = tanh(u),  u = sqrt(2/pi) (x + 0.044715 x^3)
         dx  = g * 0.5 [(1 + t) + k (1 - t^2)],  k = sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
+            = g * 0.5 (1 + t) (1 + k (1 - t))        (as 1 - t^2 = (1 - t)(1 + t))
 
     Saves x only; backward recomputes t, which is cheaper in memory than
     saving it (one array instead of two).
 
-    Written for speed: `a * b + c` in NumPy makes a new array per operator.
-    Here each step updates one array in place (`*=`, `out=`), so forward
-    makes one new array (its result) and backward three. (`as_array`: for a
-    0-d x, NumPy returns a scalar from `x * x`, which `out=` cannot take.)
+    Written for speed and memory: `a * b + c` in NumPy makes a new array per
+    operator. Here each step updates one array in place (`*=`, `out=`), so
+    forward makes one new array, its result. Backward needs two scratch
+    arrays besides its result; it works through x in pieces (on the CPU), so
+    the scratch arrays are small and stay in cache, where two arrays the size
+    of x would add to the step's peak memory (PyTorch's fused kernel needs
+    none). (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`,
+    which cannot be updated in place.)
     """
 
     @staticmethod
@@ -299,22 +304,38 @@ class GELU(Function):
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
         xp = array_module(x)
-        k = as_array(x * x)
-        t = as_array(k * (0.044715 * _SQRT_2_OVER_PI))
-        t += _SQRT_2_OVER_PI
-        t *= x
-        xp.tanh(t, out=t)  # t = tanh(u), as in forward
-        k *= 3 * 0.044715 * _SQRT_2_OVER_PI
-        k += _SQRT_2_OVER_PI
-        k *= x  # k = sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
-        dx = as_array(t * t)
-        dx -= 1
-        dx *= k  # -k (1 - t^2)
-        dx -= t
-        dx -= 1  # -[(1 + t) + k (1 - t^2)]
-        dx *= g
-        dx *= -0.5
+        dx = xp.empty(x.shape, dtype=x.dtype)
+        flat_x, flat_g, flat_dx = x.reshape(-1), g.reshape(-1), dx.reshape(-1)  # views
+        # On a GPU one piece: there each step is a kernel launch, and launches cost.
+        piece = _GELU_PIECE if device_of(x) == "cpu" else max(x.size, 1)
+        for i in range(0, x.size, piece):
+            _gelu_backward(xp, flat_x[i:i + piece], flat_g[i:i + piece], flat_dx[i:i + piece])
         return dx
+
+
+_GELU_PIECE = 1 << 15  # elements: 128 KiB of float32 per scratch array
+
+
+def _gelu_backward(xp, x, g, dx):
+    """dx[...] = g * dgelu/dx for one piece of the flat arrays (see GELU)."""
+    k = x * x
+    t = k * (0.044715 * _SQRT_2_OVER_PI)
+    t += _SQRT_2_OVER_PI
+    t *= x
+    xp.tanh(t, out=t)  # t = tanh(u), as in forward
+    k *= 3 * 0.044715 * _SQRT_2_OVER_PI
+    k += _SQRT_2_OVER_PI
+    k *= x  # k = sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
+    t *= -1
+    t += 1  # 1 - t
+    k *= t
+    k += 1  # 1 + k (1 - t)
+    t *= -1
+    t += 2  # 1 + t
+    k *= t
+    k *= g
+    k *= 0.5
+    dx[...] = k
 
 
 class Cast(Function):
