@@ -600,10 +600,17 @@ def add_arguments(parser):
                         help="timed steps per row, after one warm-up step (default 5; the median is reported)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables and JSON only")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes, for the tests
+    parser.add_argument("--compare", action="store_true",
+                        help="instead: W1 and W2 in this engine and in PyTorch, HIPS autograd and mygrad, "
+                             "those installed (pip install 'tinygrad_ckpt[compare]'; torch separately); see compare.py")
 
 
 def run(args):
     """Run the benchmark set, print the tables, write JSON, Markdown and plots."""
+    if args.compare:
+        from . import compare  # it imports the peers, and only those installed
+
+        return compare.run(args)
     config = TINY if args.tiny else QUICK if args.quick else FULL
     name = "tiny" if args.tiny else "quick" if args.quick else "full"
     if args.repeats is not None:

@@ -1,0 +1,81 @@
+"""The comparison with PyTorch, HIPS autograd and mygrad (compare.py), at a tiny size.
+
+Each peer that is installed must compute the same loss and gradients as this
+engine, in float64 with dropout off, with and without checkpointing: that is
+what makes the benchmark's figures a comparison of the same computation. A
+peer that is not installed is skipped here (the reason is shown) and reported
+by the benchmark, never an error there. No timing is asserted.
+"""
+
+import importlib.util
+
+import pytest
+
+from tinygrad_ckpt import compare
+from tinygrad_ckpt.schedules import segment_bounds
+
+TINY = compare.TINY
+STRATEGIES = ("none", "every", "sqrt")
+
+
+def _installed(name):
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.mark.parametrize("peer", ["torch", "autograd", "mygrad"])
+@pytest.mark.parametrize("workload", ["W1", "W2"])
+def test_peer_computes_our_loss_and_gradients(peer, workload):
+    if not _installed(peer):
+        pytest.skip(f"{peer} is not installed (pip install 'tinygrad_ckpt[compare]'; torch: a CPU build)")
+    checks = compare.agreement(workload, TINY[workload], [compare.Ours.name, peer], STRATEGIES)
+    peer_strategies = STRATEGIES if compare.has_checkpoint(peer) else ("none",)  # mygrad has no checkpoint
+    assert set(checks) == {(compare.Ours.name, s) for s in STRATEGIES} | {(peer, s) for s in peer_strategies}
+    for (name, strategy), (ok, worst, what) in checks.items():
+        # float64: only the order of roundings differs, ~1e-15 relative; RTOL is 1e-7.
+        assert ok, f"{name} with strategy {strategy}: {what} differs from ours by {worst:.1e} (relative)"
+
+
+def test_segments_are_cut_where_checkpoint_sequential_cuts_them():
+    # The peers' checkpointed segments must be ours, or the rows compare different things.
+    for n in range(1, 70):
+        for how in ("every", "sqrt"):
+            assert compare.segment_bounds(n, how) == [(a, b) for a, b, _ in segment_bounds(n, how)]
+    assert compare.segment_bounds(8, "none") is None
+
+
+def test_a_missing_peer_is_reported_not_an_error(monkeypatch):
+    monkeypatch.setattr(compare, "peer_version", lambda name: None)  # as if no peer were installed
+    rows, notes = compare.compare({"W1": TINY["W1"]}, strategies=("none", "every"), repeats=1,
+                                  check=False, progress=lambda what: None)
+    assert {r["library"] for r in rows} == {compare.Ours.name}
+    for peer in ("torch", "autograd", "mygrad"):
+        assert any(note.startswith(f"{peer}: not installed") for note in notes)
+    ours = {r["strategy"]: r for r in rows}
+    # Checkpointing every layer saves less for backward than saving everything.
+    assert 0 < ours["every"]["saved"] < ours["none"]["saved"]
+    assert all(r["step"] > 0 and r["peak"] >= r["saved"] for r in rows)
+    text = compare.table(rows, notes)
+    assert "tinygrad_ckpt" in text and "torch: not installed" in text
+
+
+def test_unknown_library_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown library torhc"):
+        compare.compare({"W1": TINY["W1"]}, libraries=("tinygrad_ckpt", "torhc"), progress=lambda what: None)
+
+
+def test_a_peer_that_computes_something_else_is_caught(monkeypatch):
+    if not _installed("torch"):
+        pytest.skip("torch is not installed (a CPU build: see the README)")
+    import torch
+
+    # GELU without the tanh approximation: close to ours, but not the same function.
+    def exact_gelu_layers(self, h, start, stop):
+        for i in range(start, stop):
+            h = torch.nn.functional.gelu(torch.nn.functional.linear(
+                h, self.params[f"blocks.{i}.0.weight"], self.params[f"blocks.{i}.0.bias"]))
+        return h
+
+    monkeypatch.setattr(compare.Torch, "_mlp_layers", exact_gelu_layers)
+    checks = compare.agreement("W1", TINY["W1"], [compare.Ours.name, "torch"], ("none",))
+    ok, worst, _ = checks["torch", "none"]
+    assert not ok and worst > compare.RTOL

@@ -1,0 +1,847 @@
+"""Side by side with what a user would pick instead: PyTorch, HIPS autograd, mygrad.
+
+    python benchmarks/compare.py           # W1 (N=32) and W2 (L=4), every peer installed
+    tinygrad-ckpt bench --compare          # the same, from the command line
+
+The reference workloads (W1 the deep MLP, W2 the GPT stack; their sizes are
+copied into W1 and W2 below) run in this engine and in every peer that is
+installed, in one process, with the same initial weights (ours, copied), in
+float32, each library on the same number of threads. Strategies: "none" (no
+checkpointing), "every" (a checkpoint around every layer or block) and
+"sqrt" (round(sqrt(n)) segments), cut at the same places in every library
+that has a checkpoint wrapper. A peer that is not installed is reported as
+such, never an error.
+
+First, every library's loss and gradients are checked against ours in
+float64 with dropout off: each library draws its own dropout masks, so only
+then is it the same computation. A row that disagrees is reported and not
+timed. Then, per row, in float32 with dropout as the workload defines it:
+
+  step ms    median of forward + backward over `repeats` steps after a warm-up;
+             the libraries take turns step by step, so a busy machine slows
+             them alike. Gradients are set to None before each step (PyTorch's
+             zero_grad() default), so each step allocates its gradients.
+  saved MiB  what the graph holds for backward at the end of the forward, each
+             buffer counted once: ours from memory.py (the "activations"
+             category); PyTorch through torch.autograd.graph.saved_tensors_hooks
+             (by storage, parameters excluded); HIPS autograd and mygrad, whose
+             graphs keep every intermediate, as the bytes live after the forward
+             less those live before it (tracemalloc).
+  peak MiB   the step's peak of live memory above what was live before it,
+             counted at the allocator, op temporaries included: tracemalloc for
+             the NumPy libraries, the profiler's allocation timeline for
+             PyTorch. Gradient buffers are left out: ours and PyTorch's
+             accumulate into .grad arrays kept from the warm-up (zeroed in
+             place); autograd and mygrad allocate theirs anew each step, so the
+             gradients' bytes are subtracted from their peak (marked ~).
+
+Ratios are the peer's figure over ours: above 1, ours does better.
+
+What does not live here: the engine's own strategy benchmark (bench.py),
+the models (nn/), checkpointing (checkpoint.py).
+"""
+
+import gc
+import json
+import math
+import os
+import statistics
+import time
+import tracemalloc
+
+import numpy
+
+from . import functional as F
+from . import memory
+from .checkpoint import checkpoint_sequential
+from .nn import GPT, MLP, GPTConfig
+from .tensor import Tensor
+
+# The reference workloads (WORKLOADS.md), at the sizes the comparison uses.
+W1 = dict(n_layers=32, width=1024, batch=256)  # Linear(width, width) + GELU(tanh) per layer, a final Linear, MSE
+W2 = dict(n_layer=4, n_embd=256, n_head=4, seq=128, batch=8, vocab=256, dropout=0.1)  # GPT, cross-entropy
+STRATEGIES = ("none", "every", "sqrt")
+LIBRARIES = ("tinygrad_ckpt", "torch", "autograd", "mygrad")
+SEED = 0
+MIB = 2**20
+
+# Agreement in float64: the libraries differ only in the order of float64
+# roundings (~1e-15 relative), so this is tight enough to catch any wrong op.
+RTOL = 1e-7
+BLOCK_PARAMS = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                "mlp.c_proj.weight", "mlp.c_proj.bias")  # one GPT block's, in the order autograd's segments take them
+SAMPLE = {  # the gradients compared (whole arrays), besides the loss
+    "W1": ("blocks.0.0.weight", "blocks.0.0.bias", "head.weight", "head.bias"),
+    "W2": ("wte.weight", "wpe.weight", "blocks.0.attn.c_attn.weight", "blocks.0.ln_1.weight", "ln_f.bias"),
+}
+
+
+def segment_bounds(n, strategy):
+    """[(start, stop), ...] of the checkpointed segments of n layers; None for 'none'.
+
+    'sqrt' is round(sqrt(n)) segments, the longer ones first, as
+    checkpoint_sequential cuts them; the peers get the same cuts.
+    """
+    if strategy == "none":
+        return None
+    count = n if strategy == "every" else max(1, round(math.sqrt(n)))
+    size, extra = divmod(n, count)
+    bounds, start = [], 0
+    for i in range(count):
+        stop = start + size + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def make_data(workload, size, dtype):
+    """The batch, from a fixed seed: W1 (x, target), W2 (idx, next-token targets)."""
+    rng = numpy.random.default_rng(SEED + 1)
+    if workload == "W1":
+        shape = (size["batch"], size["width"])
+        return rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    tokens = rng.integers(0, size["vocab"], size=(size["batch"], size["seq"] + 1))
+    return tokens[:, :-1].copy(), tokens[:, 1:].copy()
+
+
+def _gelu_tanh(x, tanh, c):
+    """GELU, tanh approximation, written once for the NumPy-style peers (c casts constants)."""
+    return c(0.5) * x * (c(1.0) + tanh(c(0.7978845608028654) * (x + c(0.044715) * (x * x * x))))
+
+
+# -- this engine ------------------------------------------------------------------------
+class Ours:
+    """This engine: the models of nn/, checkpointed with checkpoint_sequential."""
+
+    name = "tinygrad_ckpt"
+
+    def __init__(self, workload, size, dtype, dropout):
+        self.workload, self.dtype = workload, numpy.dtype(dtype)
+        rng = numpy.random.default_rng(SEED)
+        if workload == "W1":
+            self.model = MLP(size["width"], size["width"], size["width"], size["n_layers"], dtype=dtype, rng=rng)
+            self.n = size["n_layers"]
+        else:
+            config = GPTConfig(block_size=size["seq"], vocab_size=size["vocab"], n_layer=size["n_layer"],
+                               n_head=size["n_head"], n_embd=size["n_embd"], dropout=dropout)
+            self.model = GPT(config, rng=rng, dtype=dtype)
+            self.n = size["n_layer"]
+        self.params = dict(self.model.named_parameters())
+        self.data = make_data(workload, size, dtype)
+        self.bounds = None
+
+    def weights(self):
+        """{name: NumPy array}: the initial weights every peer copies."""
+        return {name: p.numpy().copy() for name, p in self.params.items()}
+
+    def forward(self):
+        blocks = list(self.model.blocks)
+        segments = None if self.bounds is None else [(a, b, True) for a, b in self.bounds]
+        if self.workload == "W1":
+            x, target = self.data
+            h = Tensor(x)
+            h = checkpoint_sequential(blocks, segments, h) if segments else self.model.blocks(h)
+            return F.mse_loss(self.model.head(h), Tensor(target))
+        idx, targets = self.data
+        if segments is None:
+            return self.model(idx, targets)[1]
+        model = self.model
+        x = model.drop(model.wte(idx) + model.wpe(numpy.arange(idx.shape[1])))  # (B, T, C), as GPT.forward
+        x = checkpoint_sequential(blocks, segments, x)
+        return F.cross_entropy(model.lm_head(model.ln_f(x)), targets)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def loss_value(self, loss):
+        return float(loss.item())
+
+    def grads(self):
+        return {name: p.grad.numpy() for name, p in self.params.items()}
+
+    def clear_grads(self, keep=False):
+        for p in self.params.values():
+            if keep and p.grad is not None:
+                p.grad.zero_()
+            else:
+                p.grad = None
+
+
+# -- PyTorch ----------------------------------------------------------------------------
+class Torch:
+    """PyTorch on the CPU, written with torch.nn.functional as nanoGPT's explicit attention path.
+
+    Checkpointed rows use torch.utils.checkpoint.checkpoint(use_reentrant=False)
+    around each segment (every segment checkpointed, as ours).
+    """
+
+    name = "torch"
+
+    def __init__(self, workload, size, weights, dtype, dropout):
+        import torch
+
+        self.torch, self.F = torch, torch.nn.functional
+        self.workload, self.size, self.dropout, self.dtype = workload, size, dropout, numpy.dtype(dtype)
+        tdtype = {numpy.float32: torch.float32, numpy.float64: torch.float64}[numpy.dtype(dtype).type]
+        self.params = {k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in weights.items()}
+        a, b = make_data(workload, size, dtype)
+        self.data = (torch.from_numpy(a), torch.from_numpy(b))
+        self.n = size["n_layers"] if workload == "W1" else size["n_layer"]
+        self.bounds = None
+        if workload == "W2":
+            T = size["seq"]
+            self.future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # key after query
+
+    def _mlp_layers(self, h, start, stop):
+        P, F = self.params, self.F
+        for i in range(start, stop):
+            h = F.gelu(F.linear(h, P[f"blocks.{i}.0.weight"], P[f"blocks.{i}.0.bias"]), approximate="tanh")
+        return h
+
+    def _drop(self, x):
+        return self.F.dropout(x, self.dropout, training=True) if self.dropout else x
+
+    def _gpt_blocks(self, x, start, stop):
+        P, F, torch = self.params, self.F, self.torch
+        B, T, C = x.shape
+        nh = self.size["n_head"]
+        hs = C // nh
+        for i in range(start, stop):
+            p = lambda name: P[f"blocks.{i}.{name}"]  # noqa: E731 (a short local alias)
+            h = F.layer_norm(x, (C,), p("ln_1.weight"), p("ln_1.bias"))
+            q, k, v = F.linear(h, p("attn.c_attn.weight"), p("attn.c_attn.bias")).split(C, dim=2)
+            q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+            k = k.view(B, T, nh, hs).transpose(1, 2)
+            v = v.view(B, T, nh, hs).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+            att = self._drop(torch.softmax(att.masked_fill(self.future, float("-inf")), dim=-1))
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+            x = x + self._drop(F.linear(y, p("attn.c_proj.weight"), p("attn.c_proj.bias")))
+            h = F.layer_norm(x, (C,), p("ln_2.weight"), p("ln_2.bias"))
+            h = F.gelu(F.linear(h, p("mlp.c_fc.weight"), p("mlp.c_fc.bias")), approximate="tanh")
+            x = x + self._drop(F.linear(h, p("mlp.c_proj.weight"), p("mlp.c_proj.bias")))
+        return x
+
+    def _chain(self, run, h):
+        if self.bounds is None:
+            return run(h, 0, self.n)
+        from torch.utils.checkpoint import checkpoint
+
+        for a, b in self.bounds:
+            h = checkpoint(run, h, a, b, use_reentrant=False)
+        return h
+
+    def forward(self):
+        P, F = self.params, self.F
+        if self.workload == "W1":
+            x, target = self.data
+            h = self._chain(self._mlp_layers, x)
+            return F.mse_loss(F.linear(h, P["head.weight"], P["head.bias"]), target)
+        idx, targets = self.data
+        T = idx.shape[1]
+        x = self._drop(F.embedding(idx, P["wte.weight"]) + P["wpe.weight"][:T])
+        x = self._chain(self._gpt_blocks, x)
+        x = F.layer_norm(x, (x.shape[-1],), P["ln_f.weight"], P["ln_f.bias"])
+        logits = F.linear(x, P["wte.weight"])  # tied: lm_head is wte
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def backward(self, loss):
+        loss.backward()
+
+    def loss_value(self, loss):
+        return float(loss.item())
+
+    def grads(self):
+        return {k: p.grad.numpy() for k, p in self.params.items()}
+
+    def clear_grads(self, keep=False):
+        for p in self.params.values():
+            if keep and p.grad is not None:
+                p.grad.zero_()
+            else:
+                p.grad = None
+
+
+# -- HIPS autograd ----------------------------------------------------------------------
+class Autograd:
+    """HIPS autograd: the loss as a NumPy function of the parameters, make_vjp for the gradient.
+
+    The parameters are a list with one list per layer (block) and one for the
+    rest, so a segment's parameters are one argument, `values[a:b]`.
+    Checkpointed rows wrap each segment in autograd.checkpoint, the library's
+    wrapper. Note what it does (autograd 1.x, differential_operators.py):
+    the wrapper's VJP is built when the forward records it, by re-tracing
+    the segment once per differentiable argument (here two: its input and
+    its parameters), and the traces are kept until backward, so it costs
+    time and saves no memory. The figures show it.
+    """
+
+    name = "autograd"
+
+    def __init__(self, workload, size, weights, dtype, dropout):
+        import autograd
+        import autograd.numpy as anp
+        from autograd.scipy.special import logsumexp
+
+        self.ag, self.np, self.logsumexp = autograd, anp, logsumexp
+        self.workload, self.size, self.dropout, self.dtype = workload, size, dropout, numpy.dtype(dtype)
+        self.n = size["n_layers"] if workload == "W1" else size["n_layer"]
+        own = ("0.weight", "0.bias") if workload == "W1" else BLOCK_PARAMS
+        self.names = [[f"blocks.{i}.{name}" for name in own] for i in range(self.n)]
+        self.names.append([k for k in weights if not k.startswith("blocks.")])  # the rest
+        self.values = [[weights[k].astype(dtype) for k in names] for names in self.names]
+        self.data = make_data(workload, size, dtype)
+        self.bounds = None
+        self.rng = numpy.random.default_rng(SEED + 2)
+        self._grads = None
+
+    def _c(self, v):
+        return self.dtype.type(v)
+
+    def _mlp_segment(self, h, layers):
+        np = self.np
+        for W, b in layers:
+            h = _gelu_tanh(np.dot(h, W.T) + b, np.tanh, self._c)
+        return h
+
+    def _layer_norm(self, x, w, b):
+        np = self.np
+        mu = np.mean(x, axis=-1, keepdims=True)
+        xc = x - mu
+        var = np.mean(xc * xc, axis=-1, keepdims=True)
+        return xc / np.sqrt(var + self._c(1e-5)) * w + b
+
+    def _gpt_segment(self, first, masks):
+        """The blocks first, first + 1, ... as a function of (x, their parameter lists)."""
+        np = self.np
+        C, nh = self.size["n_embd"], self.size["n_head"]
+        hs = C // nh
+
+        def run(x, blocks):
+            B, T, _ = x.shape
+            future = numpy.triu(numpy.ones((T, T), dtype=bool), k=1)
+            for i, (ln1w, ln1b, aw, ab, apw, apb, ln2w, ln2b, fw, fb, pw, pb) in enumerate(blocks, start=first):
+                qkv = np.matmul(self._layer_norm(x, ln1w, ln1b), aw.T) + ab
+                q, k, v = (np.transpose(np.reshape(qkv[:, :, m * C:(m + 1) * C], (B, T, nh, hs)), (0, 2, 1, 3))
+                           for m in range(3))
+                att = np.matmul(q, np.swapaxes(k, -1, -2)) * self._c(1.0 / math.sqrt(hs))
+                att = np.where(future, -np.inf, att)
+                att = np.exp(att - np.max(att, axis=-1, keepdims=True))
+                att = self._drop(att / np.sum(att, axis=-1, keepdims=True), masks, f"{i}.attn")
+                y = np.reshape(np.transpose(np.matmul(att, v), (0, 2, 1, 3)), (B, T, C))
+                x = x + self._drop(np.matmul(y, apw.T) + apb, masks, f"{i}.resid")
+                h = _gelu_tanh(np.matmul(self._layer_norm(x, ln2w, ln2b), fw.T) + fb, np.tanh, self._c)
+                x = x + self._drop(np.matmul(h, pw.T) + pb, masks, f"{i}.mlp")
+            return x
+        return run
+
+    def _drop(self, x, masks, key):
+        return x * masks[key] if self.dropout else x
+
+    def _draw_masks(self):
+        """This step's dropout masks (scaled keep-masks), drawn before the forward so a
+        segment re-traced by autograd.checkpoint sees the same ones."""
+        if not self.dropout or self.workload == "W1":
+            return {}
+        s, p = self.size, self.dropout
+        B, T, C, nh = s["batch"], s["seq"], s["n_embd"], s["n_head"]
+        shapes = {"emb": (B, T, C)}
+        for i in range(self.n):
+            shapes.update({f"{i}.attn": (B, nh, T, T), f"{i}.resid": (B, T, C), f"{i}.mlp": (B, T, C)})
+        scale = self._c(1.0 / (1.0 - p))
+        return {k: (self.rng.random(shape, dtype=numpy.float32) >= p) * scale for k, shape in shapes.items()}
+
+    def loss_fn(self, masks):
+        np = self.np
+        segments = [(0, self.n)] if self.bounds is None else self.bounds
+
+        def chain(h, values, make):
+            for a, b in segments:
+                run = make(a)
+                if self.bounds is not None:
+                    run = self.ag.checkpoint(run)
+                h = run(h, values[a:b])
+            return h
+
+        def loss(values):
+            rest = dict(zip(self.names[-1], values[-1]))
+            if self.workload == "W1":
+                x, target = self.data
+                h = chain(x, values, lambda a: self._mlp_segment)
+                out = np.dot(h, rest["head.weight"].T) + rest["head.bias"]
+                return np.mean((out - target) ** 2)
+            idx, targets = self.data
+            B, T = idx.shape
+            x = self._drop(rest["wte.weight"][idx] + rest["wpe.weight"][:T], masks, "emb")
+            x = chain(x, values, lambda a: self._gpt_segment(a, masks))
+            x = self._layer_norm(x, rest["ln_f.weight"], rest["ln_f.bias"])
+            logits = np.reshape(np.matmul(x, rest["wte.weight"].T), (B * T, -1))  # tied: lm_head is wte
+            logp = logits - self.logsumexp(logits, axis=1, keepdims=True)
+            return -np.mean(logp[numpy.arange(B * T), targets.reshape(-1)])
+
+        return loss
+
+    def forward(self):
+        vjp, loss = self.ag.make_vjp(self.loss_fn(self._draw_masks()))(self.values)
+        return vjp, loss
+
+    def backward(self, state):
+        vjp, loss = state
+        self._grads = vjp(numpy.ones_like(loss))
+
+    def loss_value(self, state):
+        return float(state[1])
+
+    def grads(self):
+        return {k: g for names, grads in zip(self.names, self._grads) for k, g in zip(names, grads)}
+
+    def clear_grads(self, keep=False):
+        self._grads = None
+
+
+# -- mygrad -----------------------------------------------------------------------------
+class Mygrad:
+    """mygrad: tensors with .backward(); its nnet softmax and softmax_crossentropy.
+
+    mygrad has no checkpoint wrapper: its checkpointed rows say so. Its memory
+    guard (which locks arrays against in-place writes) is left on, as installed.
+    Constants are NumPy scalars of the working dtype: a Python float becomes a
+    float64 array in mygrad and would upcast float32 work.
+    """
+
+    name = "mygrad"
+
+    def __init__(self, workload, size, weights, dtype, dropout):
+        import mygrad
+        from mygrad.nnet import softmax, softmax_crossentropy
+
+        self.mg, self.softmax, self.softmax_crossentropy = mygrad, softmax, softmax_crossentropy
+        self.workload, self.size, self.dropout, self.dtype = workload, size, dropout, numpy.dtype(dtype)
+        self.params = {k: mygrad.tensor(v.astype(dtype)) for k, v in weights.items()}
+        self.data = make_data(workload, size, dtype)
+        self.n = size["n_layers"] if workload == "W1" else size["n_layer"]
+        self.bounds = None
+        self.rng = numpy.random.default_rng(SEED + 2)
+
+    def _c(self, v):
+        return self.dtype.type(v)
+
+    def _drop(self, x):
+        if not self.dropout:
+            return x
+        keep = self.rng.random(x.shape, dtype=numpy.float32) >= self.dropout
+        return x * (keep * self._c(1.0 / (1.0 - self.dropout)))
+
+    def _layer_norm(self, x, w, b):
+        mg = self.mg
+        mu = mg.mean(x, axis=-1, keepdims=True)
+        xc = x - mu
+        var = mg.mean(xc * xc, axis=-1, keepdims=True)
+        return xc / mg.sqrt(var + self._c(1e-5)) * w + b
+
+    def forward(self):
+        if self.bounds is not None:
+            raise NotImplementedError("mygrad has no checkpoint wrapper")
+        mg, P = self.mg, self.params
+        if self.workload == "W1":
+            x, target = self.data
+            h = x
+            for i in range(self.n):
+                h = _gelu_tanh(mg.matmul(h, P[f"blocks.{i}.0.weight"].T) + P[f"blocks.{i}.0.bias"], mg.tanh, self._c)
+            out = mg.matmul(h, P["head.weight"].T) + P["head.bias"]
+            return mg.mean((out - target) * (out - target))
+        idx, targets = self.data
+        B, T = idx.shape
+        C, nh = self.size["n_embd"], self.size["n_head"]
+        hs = C // nh
+        future = numpy.triu(numpy.ones((T, T), dtype=bool), k=1)
+        x = self._drop(P["wte.weight"][idx] + P["wpe.weight"][:T])
+        for i in range(self.n):
+            p = lambda name: P[f"blocks.{i}.{name}"]  # noqa: E731 (a short local alias)
+            qkv = mg.matmul(self._layer_norm(x, p("ln_1.weight"), p("ln_1.bias")), p("attn.c_attn.weight").T) + p("attn.c_attn.bias")
+            q, k, v = (qkv[:, :, m * C:(m + 1) * C].reshape(B, T, nh, hs).transpose(0, 2, 1, 3) for m in range(3))
+            att = mg.matmul(q, k.transpose(0, 1, 3, 2)) * self._c(1.0 / math.sqrt(hs))
+            att = self._drop(self.softmax(mg.where(future, self._c(-numpy.inf), att), axis=-1))
+            y = mg.matmul(att, v).transpose(0, 2, 1, 3).reshape(B, T, C)
+            x = x + self._drop(mg.matmul(y, p("attn.c_proj.weight").T) + p("attn.c_proj.bias"))
+            h = mg.matmul(self._layer_norm(x, p("ln_2.weight"), p("ln_2.bias")), p("mlp.c_fc.weight").T) + p("mlp.c_fc.bias")
+            h = _gelu_tanh(h, mg.tanh, self._c)
+            x = x + self._drop(mg.matmul(h, p("mlp.c_proj.weight").T) + p("mlp.c_proj.bias"))
+        x = self._layer_norm(x, P["ln_f.weight"], P["ln_f.bias"])
+        logits = mg.matmul(x, P["wte.weight"].T).reshape(B * T, -1)
+        return self.softmax_crossentropy(logits, targets.reshape(-1))
+
+    def backward(self, loss):
+        loss.backward()
+
+    def loss_value(self, loss):
+        return float(loss.item())
+
+    def grads(self):
+        return {k: p.grad for k, p in self.params.items()}
+
+    def clear_grads(self, keep=False):
+        for p in self.params.values():
+            p.null_grad()
+
+
+PEERS = {"torch": Torch, "autograd": Autograd, "mygrad": Mygrad}
+
+
+def peer_version(name):
+    """The installed version of a peer, or None if it cannot be imported."""
+    try:
+        module = __import__(name)
+    except ImportError:
+        return None
+    version = getattr(module, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as installed
+
+        version = installed(name)
+    return str(version)
+
+
+def has_checkpoint(name):
+    return name != "mygrad"
+
+
+# -- threads ----------------------------------------------------------------------------
+def limit_threads(n):
+    """Every library on n threads: BLAS/OpenMP pools through threadpoolctl, torch.set_num_threads.
+
+    Returns (a line saying what was verified, the threadpoolctl limiter to keep alive).
+    """
+    parts, limiter = [], None
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        env = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+        parts.append(f"threadpoolctl not installed: BLAS threads not verified (environment says {env})")
+    else:
+        limiter = threadpool_limits(limits=n)
+        pools = threadpool_info()
+        parts.append(", ".join(f"{p['internal_api']} {p['num_threads']}" for p in pools))
+        wrong = [p for p in pools if p["num_threads"] != n]
+        if wrong:
+            parts.append(f"WARNING: {len(wrong)} pool(s) not at {n} threads")
+    if peer_version("torch") is not None:
+        import torch
+
+        torch.set_num_threads(n)
+        parts.append(f"torch intra-op {torch.get_num_threads()}")
+    return "; ".join(parts), limiter
+
+
+# -- agreement ----------------------------------------------------------------------------
+def agreement(workload, size, libraries, strategies):
+    """Loss and sampled gradients of every (library, strategy) against ours, float64, dropout 0.
+
+    Returns {(library, strategy): (ok, worst relative error, what)}.
+    """
+    ours = Ours(workload, size, numpy.float64, dropout=0.0)
+    weights = ours.weights()
+    ref_loss = ours.loss_value(_step(ours))
+    ref = ours.grads()
+    results = {}
+    for name in libraries:
+        run = ours if name == Ours.name else PEERS[name](workload, size, weights, numpy.float64, 0.0)
+        for strategy in strategies:
+            if name != Ours.name and strategy != "none" and not has_checkpoint(name):
+                continue
+            run.bounds = segment_bounds(run.n, strategy)
+            run.clear_grads()
+            loss = run.loss_value(_step(run))
+            grads = run.grads()
+            worst, what = abs(loss - ref_loss) / abs(ref_loss), "loss"
+            for key in SAMPLE[workload]:
+                g, r = numpy.asarray(grads[key], dtype=numpy.float64), ref[key]
+                err = float(numpy.max(numpy.abs(g - r)) / max(numpy.max(numpy.abs(r)), 1e-300))
+                if err > worst:
+                    worst, what = err, key
+            results[(name, strategy)] = (worst <= RTOL, worst, what)
+        del run
+        gc.collect()
+    return results
+
+
+def _step(run):
+    """One forward + backward; returns what forward returned (the loss handle)."""
+    loss = run.forward()
+    run.backward(loss)
+    return loss
+
+
+# -- time -----------------------------------------------------------------------------------
+def time_steps(runs, repeats):
+    """Median seconds of forward + backward per run; the runs take turns, step by step."""
+    for run in runs:  # warm-up, and a check that nothing was silently done in float64
+        run.clear_grads()
+        loss = _step(run)
+        dtype = str(loss[1].dtype if isinstance(loss, tuple) else loss.dtype)
+        if run.dtype.name not in dtype:
+            raise RuntimeError(f"{run.name}: the loss came out as {dtype}, not {run.dtype.name}: an upcast in the model code")
+    times = {run.name: [] for run in runs}
+    for _ in range(repeats):
+        for run in runs:
+            run.clear_grads()
+            gc.collect()
+            start = time.perf_counter()
+            _step(run)
+            times[run.name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+# -- memory ---------------------------------------------------------------------------------
+def memory_ours(run):
+    """(saved bytes at the end of forward, tracemalloc peak, memory.py peak), gradients kept."""
+    _keep_grads(run)
+    gc.collect()
+    memory.reset_peak()
+    base = memory.total()
+    tracemalloc.start()
+    loss = run.forward()
+    saved = memory.current()["activations"]
+    run.backward(loss)
+    del loss
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return saved, peak, memory.peak()[0] - base
+
+
+def memory_torch(run):
+    """(saved bytes at the end of forward, allocator peak), gradients kept."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    _keep_grads(run)
+    params = {p.untyped_storage().data_ptr() for p in run.params.values()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = run.forward()
+        saved_bytes = sum(saved.values())
+        run.backward(loss)
+        del loss
+    return saved_bytes, _torch_peak(prof)
+
+
+def _torch_peak(prof):
+    """Peak of live CPU tensor bytes above those live before, from the profiler's allocation timeline.
+
+    (torch.profiler._memory_profiler is not public API; None if it is not there.)
+    """
+    try:
+        from torch.profiler._memory_profiler import Action, MemoryProfile
+
+        timeline = MemoryProfile(prof.profiler.kineto_results).timeline
+    except Exception:
+        return None
+    live = peak = 0
+    for _, action, _, nbytes in timeline:
+        if action == Action.CREATE:
+            live += nbytes
+        elif action == Action.DESTROY:
+            live -= nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def memory_tracemalloc(run, gradient_bytes):
+    """(bytes live after the forward, peak less the gradients' bytes) by tracemalloc."""
+    run.clear_grads()
+    gc.collect()
+    tracemalloc.start()
+    state = run.forward()
+    saved = tracemalloc.get_traced_memory()[0]
+    run.backward(state)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    del state
+    run.clear_grads()
+    return saved, peak - gradient_bytes
+
+
+def _keep_grads(run):
+    """Make every .grad exist (one step) and zero it in place: the step allocates no gradients."""
+    run.clear_grads()
+    _step(run)
+    run.clear_grads(keep=True)
+
+
+# -- the comparison ---------------------------------------------------------------------------
+def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=5, threads=2,
+            check=True, progress=print):
+    """Run the comparison; returns a list of row dicts (see `table`) and notes.
+
+    workloads: {"W1": size dict, "W2": size dict} (default: W1 and W2 above).
+    """
+    workloads = workloads if workloads is not None else {"W1": W1, "W2": W2}
+    unknown = [name for name in libraries if name not in LIBRARIES]
+    if unknown:
+        raise ValueError(f"compare: unknown library {', '.join(unknown)}; choose from {', '.join(LIBRARIES)}")
+    versions = {name: peer_version(name) for name in libraries if name != Ours.name}
+    notes = [f"threads: {limit_threads(threads)[0]}", f"load average at the start: {_load()}"]
+    for name, version in versions.items():
+        notes.append(f"{name}: " + (version if version else "not installed (pip install " + name + ")"))
+    installed = [Ours.name] + [n for n, v in versions.items() if v]
+    rows = []
+    for workload, size in workloads.items():
+        checks = {}
+        if check:
+            progress(f"{workload}: checking losses and gradients against ours (float64, dropout 0)")
+            checks = agreement(workload, size, installed, strategies)
+            worst = {}
+            for (name, _), (_, err, _) in checks.items():
+                worst[name] = max(worst.get(name, 0.0), err)
+            notes.append(f"{workload} agreement with ours (float64, dropout 0, loss and {', '.join(SAMPLE[workload])}; "
+                         f"worst relative error, all strategies; limit {RTOL:.0e}): "
+                         + ", ".join(f"{name} {err:.1e}" for name, err in worst.items() if name != Ours.name))
+        ours = Ours(workload, size, numpy.float32, dropout=size.get("dropout", 0.0))
+        weights = ours.weights()
+        runs = [ours] + [PEERS[n](workload, size, weights, numpy.float32, size.get("dropout", 0.0))
+                         for n in installed if n != Ours.name]
+        gradient_bytes = sum(w.nbytes for w in weights.values())
+        for strategy in strategies:
+            active = []
+            for run in runs:
+                row = dict(workload=workload, size=size, strategy=strategy, library=run.name,
+                           version=versions.get(run.name) or "", step=None, saved=None, peak=None, note="")
+                rows.append(row)
+                ok = checks.get((run.name, strategy))
+                if strategy != "none" and not has_checkpoint(run.name):
+                    row["note"] = "no checkpoint wrapper"
+                elif check and ok is not None and not ok[0]:
+                    row["note"] = f"DISAGREES with ours: {ok[2]} off by {ok[1]:.1e}"
+                else:
+                    if ok is not None:
+                        row["agree"] = ok[1]
+                    run.bounds = segment_bounds(run.n, strategy)
+                    active.append((run, row))
+            progress(f"{workload} {strategy}: timing {', '.join(r.name for r, _ in active)}")
+            times = time_steps([r for r, _ in active], repeats)
+            for run, row in active:
+                row["step"] = times[run.name]
+                if run.name == Ours.name:
+                    row["saved"], row["peak"], row["engine_peak"] = memory_ours(run)
+                elif run.name == "torch":
+                    row["saved"], row["peak"] = memory_torch(run)
+                else:
+                    row["saved"], row["peak"] = memory_tracemalloc(run, gradient_bytes)
+                    row["approx_peak"] = True
+                run.clear_grads()
+        del runs, ours
+        gc.collect()
+    notes.append(f"load average at the end: {_load()} ({os.cpu_count()} CPUs; above half the CPUs, "
+                 "timings are unreliable: waiting BLAS and OpenMP threads slow every library, unevenly)")
+    return rows, notes
+
+
+def _load():
+    """The 1-minute load average, as text ('unknown' where the system does not say)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "unknown"
+
+
+def table(rows, notes=(), title=None):
+    """The comparison as printed text: one block per workload."""
+    out = [title] if title else []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        size = next(r["size"] for r in rows if r["workload"] == workload)
+        out.append(f"\n{workload}: " + ", ".join(f"{k}={v}" for k, v in size.items()) + "; float32")
+        out.append(f"{'strategy':<9}{'library':<22}{'step ms':>9}{'x ours':>8}{'saved MiB':>11}{'x ours':>8}"
+                   f"{'peak MiB':>10}{'x ours':>8}  note")
+        for r in (r for r in rows if r["workload"] == workload):
+            base = next(b for b in rows if b["workload"] == workload and b["strategy"] == r["strategy"]
+                        and b["library"] == Ours.name)
+            label = f"{r['library']} {r['version']}".strip()
+            cells = [f"{r['strategy']:<9}{label:<22}"]
+            for key, scale, width in (("step", 1000, 9), ("saved", 1 / MIB, 11), ("peak", 1 / MIB, 10)):
+                value = r.get(key)
+                if value is None:
+                    cells.append(f"{'-':>{width}}{'-':>8}")
+                    continue
+                mark = "~" if key == "peak" and r.get("approx_peak") else ""
+                ratio = value / base[key] if base.get(key) else float("nan")
+                digits = ".1f" if value * scale >= 10 else ".2f"
+                cells.append(f"{mark + format(value * scale, digits):>{width}}{ratio:>8.2f}")
+            note = r["note"]
+            if r["library"] == Ours.name and r.get("engine_peak") is not None:
+                note = f"memory.py peak {r['engine_peak'] / MIB:.1f} MiB" + (f"; {note}" if note else "")
+            out.append("".join(cells) + ("  " + note if note else ""))
+    out += [""] + list(notes)
+    return "\n".join(out)
+
+
+def targets(rows):
+    """Issue 9's targets, read off the rows at the reference sizes: [(what, value, met)]."""
+    found = []
+    rows = [r for r in rows if r["size"] == {"W1": W1, "W2": W2}[r["workload"]]]
+
+    def get(workload, strategy, library):
+        return next((r for r in rows if (r["workload"], r["strategy"], r["library"]) == (workload, strategy, library)), None)
+
+    for workload, limit in (("W1", 1.15), ("W2", 1.3)):
+        ours, torch = get(workload, "none", Ours.name), get(workload, "none", "torch")
+        if ours and torch and ours["step"] and torch["step"]:
+            ratio = ours["step"] / torch["step"]
+            found.append((f"{workload} step time ours / torch <= {limit}", f"{ratio:.2f}", ratio <= limit))
+        for strategy in ("none", "every", "sqrt"):
+            ours, torch = get(workload, strategy, Ours.name), get(workload, strategy, "torch")
+            for key in ("saved", "peak"):
+                if ours and torch and ours.get(key) and torch.get(key):
+                    found.append((f"{workload} {strategy}: {key} ours <= torch",
+                                  f"{ours[key] / MIB:.1f} vs {torch[key] / MIB:.1f} MiB", ours[key] <= torch[key]))
+        for peer in ("autograd", "mygrad"):
+            ours, other = get(workload, "none", Ours.name), get(workload, "none", peer)
+            if ours and other and ours["step"] and other["step"]:
+                found.append((f"{workload} faster than {peer}", f"{ours['step'] / other['step']:.2f}",
+                              ours["step"] < other["step"]))
+    return found
+
+
+def report(rows, notes):
+    text = table(rows, notes)
+    found = targets(rows)
+    if found:
+        text += "\n\nTargets (issue 9):\n" + "\n".join(
+            f"  {'met ' if met else 'MISS'}  {what}: {value}" for what, value, met in found)
+    return text
+
+
+# -- `tinygrad-ckpt bench --compare` ------------------------------------------------------------
+QUICK = {"W1": dict(W1, n_layers=8), "W2": dict(W2, n_layer=2)}  # --quick: a few minutes
+TINY = {"W1": dict(n_layers=3, width=32, batch=8),  # --tiny: seconds, for the tests
+        "W2": dict(n_layer=2, n_embd=32, n_head=4, seq=16, batch=2, vocab=32, dropout=0.1)}
+
+
+def run(args):
+    """bench --compare: the comparison with bench's --quick, --repeats, --threads, --output-dir.
+
+    Prints the table and writes it (compare.md) and its figures (compare.json)
+    to --output-dir.
+    """
+    from .bench import write_atomic
+
+    workloads = TINY if getattr(args, "tiny", False) else QUICK if args.quick else {"W1": W1, "W2": W2}
+    repeats = args.repeats if args.repeats is not None else 5
+    rows, notes = compare(workloads, repeats=repeats, threads=args.threads,
+                          progress=lambda what: print(what, flush=True))
+    text = report(rows, notes)
+    print(text)
+    os.makedirs(args.output_dir, exist_ok=True)
+    write_atomic(os.path.join(args.output_dir, "compare.md"), "```\n" + text + "\n```\n")
+    figures = [{k: v for k, v in r.items() if k != "size"} | {"size": dict(r["size"])} for r in rows]
+    write_atomic(os.path.join(args.output_dir, "compare.json"), json.dumps({"rows": figures, "notes": notes}, indent=1))
+    return 0
