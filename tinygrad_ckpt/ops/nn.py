@@ -30,8 +30,9 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        dx = g * out
-        dx -= out * dx.sum(axis=ctx.axis, keepdims=True)
+        s = (g * out).sum(axis=ctx.axis, keepdims=True)  # sum(g * out) per row; the product is freed here,
+        dx = g - s  # so dx reuses its memory (two live arrays the size of x, not three)
+        dx *= out
         return dx
 
 
@@ -62,6 +63,9 @@ class LayerNorm(Function):
 
     Saves x, weight and the per-row mean and rstd (as PyTorch does); xhat is
     recomputed in backward instead of being kept (one array, not two).
+
+    Per-row sums of products (the variance, mean(dxhat * xhat)) and dweight
+    are einsum contractions: the same sums, without an array of products.
     """
 
     @staticmethod
@@ -72,9 +76,10 @@ class LayerNorm(Function):
                 f"axis of the input, shape {tuple(x.shape)}"
             )
         xp = array_module(x)
+        C = x.shape[-1]
         mean = x.mean(axis=-1, keepdims=True)
         xhat = x - mean
-        var = (xhat * xhat).mean(axis=-1, keepdims=True)
+        var = xp.einsum("...i,...i->...", xhat, xhat)[..., None] / C  # mean of squares, per row
         rstd = 1 / xp.sqrt(var + eps)
         ctx.save_for_backward(x, weight, mean, rstd)
         xhat *= rstd
@@ -85,16 +90,18 @@ class LayerNorm(Function):
     @staticmethod
     def backward(ctx, g):
         x, weight, mean, rstd = ctx.saved_arrays
-        # Three new arrays (xhat, g * xhat, dx), each step in place after that.
+        xp = array_module(x)
+        C = x.shape[-1]
+        # Two new arrays (xhat, dx), each step in place after that.
         xhat = x - mean
         xhat *= rstd
-        g_xhat = g * xhat
-        dweight = g_xhat.reshape(-1, g.shape[-1]).sum(axis=0)  # summed over all rows
-        dbias = g.reshape(-1, g.shape[-1]).sum(axis=0)
-        g_xhat *= weight  # now dxhat * xhat
+        rows_g, rows_xhat = g.reshape(-1, C), xhat.reshape(-1, C)  # all leading axes are rows
+        dweight = xp.einsum("ni,ni->i", rows_g, rows_xhat)  # sum over rows of g * xhat
+        dbias = rows_g.sum(axis=0)
         dx = g * weight  # dxhat
+        mean_dxhat_xhat = xp.einsum("...i,...i->...", dx, xhat)[..., None] / C
         dx -= dx.mean(axis=-1, keepdims=True)
-        xhat *= g_xhat.mean(axis=-1, keepdims=True)
+        xhat *= mean_dxhat_xhat
         dx -= xhat
         dx *= rstd
         return dx, dweight, dbias
@@ -118,8 +125,8 @@ class CrossEntropy(Function):
         if targets.shape != (n,):
             raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {(n, classes)}")
         valid = targets != ignore_index  # (F.cross_entropy checks the range of host targets)
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        logp = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        logp = logits - logits.max(axis=1, keepdims=True)  # shifted: exp cannot overflow
+        logp -= xp.log(xp.exp(logp).sum(axis=1, keepdims=True))  # in place: log-probabilities
         safe = xp.where(valid, targets, 0)
         picked = logp[xp.arange(n), safe] * valid
         ctx.reduction = reduction
