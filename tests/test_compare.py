@@ -79,3 +79,18 @@ def test_a_peer_that_computes_something_else_is_caught(monkeypatch):
     checks = compare.agreement("W1", TINY["W1"], [compare.Ours.name, "torch"], ("none",))
     ok, worst, _ = checks["torch", "none"]
     assert not ok and worst > compare.RTOL
+
+
+def test_bench_compare_writes_the_table_and_figures(tmp_path, monkeypatch, capsys):
+    import json
+
+    from tinygrad_ckpt import cli
+
+    monkeypatch.setattr(compare, "peer_version", lambda name: None)  # this engine alone: fast, and no timing asserted
+    assert cli.main(["bench", "--compare", "--tiny", "--repeats", "1", "--output-dir", str(tmp_path)]) in (0, None)
+    table = (tmp_path / "compare.md").read_text()
+    figures = json.loads((tmp_path / "compare.json").read_text())
+    printed = capsys.readouterr().out
+    assert "tinygrad_ckpt" in table and table.strip().strip("`").strip() in printed  # the file is what was printed
+    assert {r["workload"] for r in figures["rows"]} == {"W1", "W2"}
+    assert all(r["library"] == compare.Ours.name and r["step"] > 0 for r in figures["rows"])

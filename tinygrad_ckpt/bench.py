@@ -2,6 +2,7 @@
 
     tinygrad-ckpt bench --quick                  # a smaller set: about a minute of CPU time
     tinygrad-ckpt bench --output-dir bench-out   # the full set (it says how long it took)
+    tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad (compare.py)
 
 It runs the reference workloads (copied below from the project's
 WORKLOADS.md, so that figures can be compared across versions):
@@ -125,7 +126,9 @@ saved activations measured beside the analytic count, step time relative to no
 checkpointing. Prints Markdown tables; writes bench.json, bench.md and PNG plots.
 
   tinygrad-ckpt bench --quick      the smaller set: about a minute of CPU time
-  tinygrad-ckpt bench              the full set (it says how long it took)"""
+  tinygrad-ckpt bench              the full set (it says how long it took)
+  tinygrad-ckpt bench --compare    W1 and W2 beside PyTorch, HIPS autograd and mygrad
+                                   (those installed; writes compare.md, compare.json)"""
 
 LEARNING_RATE = 1e-4  # small: the step is measured, the model need not learn
 F32 = 4
