@@ -34,6 +34,9 @@ timed. Then, per row, in float32 with dropout as the workload defines it:
              accumulate into .grad arrays kept from the warm-up (zeroed in
              place); autograd and mygrad allocate theirs anew each step, so the
              gradients' bytes are subtracted from their peak (marked ~).
+             tracemalloc also counts Python objects (our tape's records and
+             tensors: about 0.1 MiB on W1), which PyTorch's figure, its graph
+             being C++, does not.
 
 Ratios are the peer's figure over ours: above 1, ours does better.
 
@@ -62,6 +65,7 @@ W1 = dict(n_layers=32, width=1024, batch=256)  # Linear(width, width) + GELU(tan
 W2 = dict(n_layer=4, n_embd=256, n_head=4, seq=128, batch=8, vocab=256, dropout=0.1)  # GPT, cross-entropy
 STRATEGIES = ("none", "every", "sqrt")
 LIBRARIES = ("tinygrad_ckpt", "torch", "autograd", "mygrad")
+TORCH_INSTALL = "a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu"
 SEED = 0
 MIB = 2**20
 
@@ -692,7 +696,8 @@ def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=
     versions = {name: peer_version(name) for name in libraries if name != Ours.name}
     notes = [f"threads: {limit_threads(threads)[0]}", f"load average at the start: {_load()}"]
     for name, version in versions.items():
-        notes.append(f"{name}: " + (version if version else "not installed (pip install " + name + ")"))
+        how = TORCH_INSTALL if name == "torch" else "pip install 'tinygrad_ckpt[compare]'"
+        notes.append(f"{name}: " + (version if version else f"not installed ({how})"))
     installed = [Ours.name] + [n for n, v in versions.items() if v]
     rows = []
     for workload, size in workloads.items():
@@ -743,6 +748,8 @@ def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=
         gc.collect()
     notes.append(f"load average at the end: {_load()} ({os.cpu_count()} CPUs; above half the CPUs, "
                  "timings are unreliable: waiting BLAS and OpenMP threads slow every library, unevenly)")
+    notes.append("peak MiB: tracemalloc (NumPy libraries; includes Python objects, ~0.1 MiB of tape records), "
+                 "PyTorch's profiler allocation timeline (tensor storage only); ~ = less the gradients' bytes")
     return rows, notes
 
 
