@@ -12,7 +12,7 @@ is measured.
     python benchmarks/compare.py                # all installed peers (a missing one is reported)
     python benchmarks/compare.py --workloads W1 --strategies none
 
-About ten minutes on 2 quiet cores. Timings need a quiet machine: the run
+About three minutes on 2 quiet cores (measured). Timings need a quiet machine: the run
 prints the load average, and on a busy one BLAS's and PyTorch's waiting
 threads slow every library, unevenly.
 """
