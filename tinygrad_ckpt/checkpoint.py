@@ -384,4 +384,4 @@ class SegmentTape(tape.Tape):
                     "requires grad and was computed outside the segment, without taking it as an "
                     "argument; its gradient would be lost. Pass it to checkpoint() as an argument."
                 )
-        node.inputs = ()  # keep no record: the segment's intermediates are freed as in no_grad
+        node.release_graph()  # keep no record: the segment's intermediates are freed as in no_grad

@@ -70,11 +70,9 @@ class Node:
         """The input tensors that are still alive (None for a freed intermediate)."""
         return tuple(r() for r in self._inputs)
 
-    @inputs.setter
-    def inputs(self, value):
-        if value != ():
-            raise ValueError("a record's inputs can only be dropped (node.inputs = ())")
-        self.edges = self._inputs = ()  # let go of the graph behind this record
+    def release_graph(self):
+        """Let go of the records behind this one (after its backward has run)."""
+        self.edges = self._inputs = ()
 
     @property
     def name(self):
@@ -84,10 +82,19 @@ class Node:
     def freed(self):
         return self.ctx.saved_arrays is None
 
+    @property
+    def activation_nbytes(self):
+        """Bytes this record keeps for backward, parameters left out (they live anyway)."""
+        arrays = self.ctx.saved_arrays or ()
+        return sum(a.nbytes for a in arrays if a is not None and memory.category(a) != "parameters")
+
     def __repr__(self):
         shapes = ", ".join(str(s) for s in self.shapes)
-        saved = "freed" if self.freed else f"saved {memory.format_bytes(self.ctx.saved_nbytes)}"
-        return f"#{self.index:<3} {self.name:<16} -> {shapes:<18} {saved}"
+        if self.freed:
+            return f"#{self.index:<3} {self.name:<16} -> {shapes:<18} freed"
+        params = sum(1 for a in self.ctx.saved_arrays if a is not None and memory.category(a) == "parameters")
+        also = f" (+{params} parameter{'s' if params > 1 else ''})" if params else ""
+        return f"#{self.index:<3} {self.name:<16} -> {shapes:<18} saved {memory.format_bytes(self.activation_nbytes)}{also}"
 
 
 class Tape:
@@ -119,8 +126,8 @@ class Tape:
 
     def __repr__(self):
         nodes = self.nodes()
-        saved = sum(n.ctx.saved_nbytes for n in nodes if not n.freed)
-        lines = [f"Tape: {len(nodes)} records, {memory.format_bytes(saved)} saved for backward"]
+        saved = sum(n.activation_nbytes for n in nodes if not n.freed)
+        lines = [f"Tape: {len(nodes)} records, {memory.format_bytes(saved)} of activations saved for backward"]
         lines += ["  " + repr(n) for n in nodes]
         return "\n".join(lines)
 
@@ -164,7 +171,7 @@ class Tape:
                     # Let go of the records behind this one too: one that no
                     # gradient is pending for is freed now, not when the loss
                     # is dropped, so memory falls during backward as in PyTorch.
-                    node.inputs = ()
+                    node.release_graph()
                 memory.tracker.event(node.name)
         for record, _ in pending:  # a gradient that found no live record to go to
             if record.freed:

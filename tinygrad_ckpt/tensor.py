@@ -72,6 +72,11 @@ class Tensor:
         return backend.device_of(self.data)
 
     @property
+    def grad_fn(self):
+        """The tape record that produced this tensor (None for a leaf), as in PyTorch."""
+        return self._node
+
+    @property
     def is_leaf(self):
         return self._node is None
 
