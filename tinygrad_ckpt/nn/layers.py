@@ -234,6 +234,7 @@ class ModuleList(Module):
         return len(self.layers)
 
     def forward(self, *args):
+        # A container, not a layer: no forward by design (PyTorch's ModuleList is the same).
         raise NotImplementedError("ModuleList has no forward: iterate over it, or use Sequential")
 
 

@@ -75,7 +75,7 @@ class Module:
         self.training = True
 
     def forward(self, *args, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} must define forward()")
+        raise NotImplementedError(f"{type(self).__name__} must define forward()")  # abstract, as in PyTorch
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
