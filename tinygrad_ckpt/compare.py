@@ -55,7 +55,7 @@ import tracemalloc
 import numpy
 
 from . import functional as F
-from . import memory
+from . import memory, schedules
 from .checkpoint import checkpoint_sequential
 from .nn import GPT, MLP, GPTConfig
 from .tensor import Tensor
@@ -84,19 +84,12 @@ SAMPLE = {  # the gradients compared (whole arrays), besides the loss
 def segment_bounds(n, strategy):
     """[(start, stop), ...] of the checkpointed segments of n layers; None for 'none'.
 
-    'sqrt' is round(sqrt(n)) segments, the longer ones first, as
-    checkpoint_sequential cuts them; the peers get the same cuts.
+    The cuts are schedules.segment_bounds' (those of checkpoint_sequential),
+    so every peer checkpoints at the same places as this engine.
     """
     if strategy == "none":
         return None
-    count = n if strategy == "every" else max(1, round(math.sqrt(n)))
-    size, extra = divmod(n, count)
-    bounds, start = [], 0
-    for i in range(count):
-        stop = start + size + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+    return [(start, stop) for start, stop, _ in schedules.segment_bounds(n, strategy)]
 
 
 def make_data(workload, size, dtype):
@@ -114,8 +107,29 @@ def _gelu_tanh(x, tanh, c):
     return c(0.5) * x * (c(1.0) + tanh(c(0.7978845608028654) * (x + c(0.044715) * (x * x * x))))
 
 
+# -- libraries whose parameters carry their own .grad (this engine, PyTorch) -----------
+class _GradOnParams:
+    """backward, loss and gradients for a library whose tensors have .backward() and .grad."""
+
+    def backward(self, loss):
+        loss.backward()
+
+    def loss_value(self, loss):
+        return float(loss.item())
+
+    def grads(self):
+        return {name: p.grad.numpy() for name, p in self.params.items()}
+
+    def clear_grads(self, keep=False):
+        for p in self.params.values():
+            if keep and p.grad is not None:
+                p.grad.zero_()
+            else:
+                p.grad = None
+
+
 # -- this engine ------------------------------------------------------------------------
-class Ours:
+class Ours(_GradOnParams):
     """This engine: the models of nn/, checkpointed with checkpoint_sequential."""
 
     name = "tinygrad_ckpt"
@@ -155,25 +169,9 @@ class Ours:
         x = checkpoint_sequential(blocks, segments, x)
         return F.cross_entropy(model.lm_head(model.ln_f(x)), targets)
 
-    def backward(self, loss):
-        loss.backward()
-
-    def loss_value(self, loss):
-        return float(loss.item())
-
-    def grads(self):
-        return {name: p.grad.numpy() for name, p in self.params.items()}
-
-    def clear_grads(self, keep=False):
-        for p in self.params.values():
-            if keep and p.grad is not None:
-                p.grad.zero_()
-            else:
-                p.grad = None
-
 
 # -- PyTorch ----------------------------------------------------------------------------
-class Torch:
+class Torch(_GradOnParams):
     """PyTorch on the CPU, written with torch.nn.functional as nanoGPT's explicit attention path.
 
     Checkpointed rows use torch.utils.checkpoint.checkpoint(use_reentrant=False)
@@ -250,21 +248,6 @@ class Torch:
         logits = F.linear(x, P["wte.weight"])  # tied: lm_head is wte
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
-    def backward(self, loss):
-        loss.backward()
-
-    def loss_value(self, loss):
-        return float(loss.item())
-
-    def grads(self):
-        return {k: p.grad.numpy() for k, p in self.params.items()}
-
-    def clear_grads(self, keep=False):
-        for p in self.params.values():
-            if keep and p.grad is not None:
-                p.grad.zero_()
-            else:
-                p.grad = None
 
 
 # -- HIPS autograd ----------------------------------------------------------------------
@@ -446,7 +429,7 @@ class Mygrad:
 
     def forward(self):
         if self.bounds is not None:
-            raise NotImplementedError("mygrad has no checkpoint wrapper")
+            raise ValueError("mygrad has no checkpoint wrapper: run it with strategy 'none'")
         mg, P = self.mg, self.params
         if self.workload == "W1":
             x, target = self.data
