@@ -64,6 +64,7 @@ What does not live here: the accumulation buffers and the normalisation
 
 import os
 import sys
+import time
 import zlib
 from dataclasses import asdict
 
@@ -72,6 +73,7 @@ import numpy
 from . import backend, memory
 
 INSTALL_HINT = "pip install 'tinygrad_ckpt[mpi]'"  # mpi4py, and MPICH as a wheel: no compiler, no system MPI
+ABORT_GRACE_SECONDS = 1.0  # pause before MPI_Abort, so mpiexec forwards the error message first
 CHECK_EVERY = 100  # optimizer steps between two parameter checksums (the first step is always checked)
 
 # Variables an MPI launcher sets in each process it starts: MPICH's and Intel's
@@ -349,4 +351,9 @@ def abort_if_running(code, traceback=False):
         tb.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
+    # MPI_Abort kills every process at once, and mpiexec may tear down the
+    # output pipes before it has forwarded what was just printed: the error
+    # message, the one thing the user needs, would be lost. A moment's pause
+    # lets mpiexec pass it on first (CI once saw exit status 3 with no text).
+    time.sleep(ABORT_GRACE_SECONDS)
     MPI.COMM_WORLD.Abort(code)
