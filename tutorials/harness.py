@@ -25,8 +25,10 @@ Used in two ways:
     python tutorials/harness.py --refresh FILE  # rewrite FILE's output blocks from a real run
                                               # (and add the missing ones): how authors write them
 
-Each tutorial runs with tutorials/ as its working directory, as it does when
-opened as a notebook there, so it writes its pictures to figures/.
+Run directly, each tutorial runs with tutorials/ as its working directory, as
+it does when opened as a notebook there, so it writes its pictures to
+figures/ (commit them). Under pytest it runs in a scratch folder instead, so a
+test run leaves the committed pictures alone.
 What does not live here: the tutorials themselves, and the checks of their
 shape (sections, links, notebook conversion), which are in tests/test_tutorials.py.
 """
@@ -36,7 +38,9 @@ import doctest
 import io
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import unittest
 from pathlib import Path
@@ -125,13 +129,25 @@ def parse_outputs(document):
 
 
 def setup(namespace):
+    """Work in tutorials/ (run, --refresh) or, under pytest, in a scratch copy of it.
+
+    Under pytest the pictures go to a temporary figures/ folder: a test run
+    draws them all, but leaves the committed ones alone (a picture differs in
+    a few bytes from one machine's BLAS and fonts to another's).
+    """
     namespace["__cwd__"] = os.getcwd()
     os.environ.setdefault("MPLBACKEND", "Agg")  # pictures go to files; no window opens
-    os.chdir(HERE)
+    workdir = namespace.get("__workdir__")
+    if workdir is None:
+        workdir = namespace["__scratch__"] = tempfile.mkdtemp(prefix="tutorial-")
+    os.chdir(workdir)
 
 
 def teardown(namespace):
     os.chdir(namespace.pop("__cwd__"))
+    scratch = namespace.pop("__scratch__", None)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
     _check_nothing_pending(namespace)
 
 
@@ -147,6 +163,7 @@ def run(path, refresh=False):
     """Run one tutorial outside pytest; with refresh, rewrite its output blocks. Returns seconds."""
     document = sybil.parse(Path(path).resolve())
     edits = document.namespace["__refresh__"] = [] if refresh else None
+    document.namespace["__workdir__"] = HERE  # pictures into tutorials/figures/, to be committed
     start = time.perf_counter()
     setup(document.namespace)
     try:
