@@ -1,12 +1,14 @@
 """What does each activation-memory budget cost in step time? (W1 depth 32, W2 8 blocks)
 
-For budgets from 90% down to 20% of the no-checkpoint activation peak, the
+For budgets from 90% down to 10% of the no-checkpoint activation peak, the
 planner (schedules.plan_checkpoints) picks the plan that recomputes least;
 each plan is then run and measured: the peak of saved activations (beside
 the analytic count) and the step time relative to no checkpointing, next to
-the uniform schedules (every layer, sqrt(n)). Budgets no single-level plan
-can meet are listed with the least one can. Draws tradeoff.png with
-matplotlib, if installed, into the current folder.
+the uniform schedules (every layer, sqrt(n)). Below what one level of
+checkpoints can reach, the plans are nested (revolve: some layers are
+recomputed more than once); budgets no plan can meet are listed with the
+least one can. Draws tradeoff.png with matplotlib, if installed, into the
+current folder.
 
     python benchmarks/budget_tradeoff.py
 
@@ -24,7 +26,7 @@ from dataclasses import replace  # noqa: E402
 from tinygrad_ckpt import bench  # noqa: E402
 
 # -- configuration (WORKLOADS.md, W1 and W2) --------------------------------------
-CONFIG = replace(bench.FULL, budgets=(), tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2))
+CONFIG = replace(bench.FULL, budgets=(), tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1))
 W1_DEPTH, W2_BLOCKS = 32, 8
 
 

@@ -15,7 +15,7 @@ import tinygrad_ckpt.functional as F
 from tinygrad_ckpt.checkpoint import checkpoint_sequential
 from tinygrad_ckpt.nn.mlp import MLP
 from tinygrad_ckpt.nn.transformer import GPT, GPTConfig, TransformerBlock
-from tinygrad_ckpt.schedules import segment_bounds
+from tinygrad_ckpt.schedules import revolve, segment_bounds
 
 F32 = numpy.float32
 
@@ -94,7 +94,8 @@ def test_the_whole_gpt_with_its_loss(dropout):
     assert measured == activations.gpt(L, s, b, h, a, V, dropout=dropout > 0)
 
 
-@pytest.mark.parametrize("segments", [None, "every", "sqrt", 2, [(0, 2, True), (2, 4, False), (4, 6, True)]])
+@pytest.mark.parametrize("segments", [None, "every", "sqrt", 2, [(0, 2, True), (2, 4, False), (4, 6, True)],
+                                      revolve(6, 0), revolve(6, 1)])
 def test_checkpointed_mlp_chain_peak_is_predicted_exactly(segments):
     rng = numpy.random.default_rng(4)
     n, b, h = 6, 4, 16

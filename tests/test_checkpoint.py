@@ -11,7 +11,7 @@ inputs and models are made on the default device.
 
 import numpy
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tinygrad_ckpt import Tensor, backend, memory, nn, policies, random, strict_cupy, tape
@@ -20,6 +20,7 @@ from tinygrad_ckpt.checkpoint import checkpoint, checkpoint_sequential, is_recom
 from tinygrad_ckpt.nn.mlp import MLP
 from tinygrad_ckpt.nn.transformer import GPT, GPTConfig
 from tinygrad_ckpt.ops import matmul
+from tinygrad_ckpt.schedules import revolve
 
 F64 = numpy.float64
 RTOL64, ATOL64 = 1e-12, 1e-14
@@ -84,11 +85,15 @@ POLICIES = [None, policies.nothing_saveable, policies.save_matmuls, policies.eve
 # -- the same gradients ---------------------------------------------------------
 @settings(max_examples=12)
 @given(depth=st.integers(1, 5), width=st.integers(1, 4), batch=st.integers(1, 3),
-       segments=st.one_of(st.integers(1, 5), st.sampled_from(["sqrt", "every"])),
+       segments=st.one_of(st.integers(1, 5), st.sampled_from(["sqrt", "every", "revolve0", "revolve1"])),
        p_drop=st.sampled_from([0.0, 0.3]), policy=st.sampled_from(POLICIES),
        input_grad=st.booleans(), seed=st.integers(0, 2**16))
+@example(depth=5, width=3, batch=2, segments="revolve0", p_drop=0.3, policy=None, input_grad=True, seed=1)
+@example(depth=5, width=3, batch=2, segments="revolve1", p_drop=0.3, policy=None, input_grad=False, seed=2)
 def test_chain_gradients_equal_without_checkpointing(depth, width, batch, segments, p_drop, policy, input_grad, seed):
     segments = min(segments, depth) if isinstance(segments, int) else segments
+    if isinstance(segments, str) and segments.startswith("revolve"):  # nested: some layers recomputed twice or more
+        segments = revolve(depth, min(int(segments[-1]), max(depth - 2, 0)))
     blocks, drop_rng = chain(depth, width, p_drop, seed)
     params = params_of(blocks)
     start = drop_rng.bit_generator.state
@@ -110,11 +115,14 @@ def tiny_gpt(n_layer, dropout, seed=0, dtype=F64):
 
 
 @settings(max_examples=8)
-@given(n_layer=st.integers(1, 3), T=st.integers(2, 8), dropout=st.sampled_from([0.0, 0.2]),
-       segments=st.sampled_from(["every", "sqrt", 1]),
+@given(n_layer=st.integers(1, 4), T=st.integers(2, 8), dropout=st.sampled_from([0.0, 0.2]),
+       segments=st.sampled_from(["every", "sqrt", 1, "revolve0"]),
        policy=st.sampled_from([None, policies.selective_attention, policies.save_matmuls, user_policy]),
        seed=st.integers(0, 2**16))
+@example(n_layer=4, T=8, dropout=0.2, segments="revolve0", policy=None, seed=3)
 def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments, policy, seed):
+    if segments == "revolve0":  # nested: block 0 recomputed n_layer - 1 times, dropout masks each time the same
+        segments = revolve(n_layer, 0)
     model, gen = tiny_gpt(n_layer, dropout, seed)
     idx = numpy.random.default_rng(seed).integers(0, 11, (2, T))
     start = gen.bit_generator.state

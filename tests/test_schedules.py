@@ -14,7 +14,8 @@ from tinygrad_ckpt.checkpoint import checkpoint_sequential
 from tinygrad_ckpt.nn.mlp import MLP
 from tinygrad_ckpt.nn.transformer import GPT, GPTConfig
 from tinygrad_ckpt.schedules import (
-    LayerCost, Plan, measure_layers, minimum_budget, plan_checkpoints, predict, segment_bounds,
+    LayerCost, Plan, describe, measure_layers, minimum_budget, plan_checkpoints, predict, revolve,
+    revolve_recomputations, segment_bounds,
 )
 
 # The cost model counts the same buffers memory.py does, so on these chains
@@ -44,11 +45,11 @@ def peak_activations(step):
     return max(e["activations"] for e in events)
 
 
-def mlp_chain(depth, width, batch):
-    model = MLP(width, width, width, n_layers=depth, rng=numpy.random.default_rng(0))
+def mlp_chain(depth, width, batch, dtype=numpy.float32, input_grad=False):
+    model = MLP(width, width, width, n_layers=depth, rng=numpy.random.default_rng(0), dtype=dtype)
     rng = numpy.random.default_rng(1)
-    x = Tensor(rng.standard_normal((batch, width)).astype(numpy.float32))
-    target = Tensor(rng.standard_normal((batch, width)).astype(numpy.float32))
+    x = Tensor(rng.standard_normal((batch, width)).astype(dtype), requires_grad=input_grad)
+    target = Tensor(rng.standard_normal((batch, width)).astype(dtype))
     layers = list(model.blocks) + [model.head, lambda y: F.mse_loss(y, target)]
     return model, layers, x
 
@@ -106,13 +107,13 @@ layer_costs = st.builds(
 
 @settings(max_examples=25)
 @given(costs=st.lists(layer_costs, min_size=1, max_size=6), fraction=st.floats(0.0, 1.0))
-def test_planner_matches_brute_force(costs, fraction):
+def test_single_level_planner_matches_brute_force(costs, fraction):
     plans = [(predict(costs, p), p) for p in all_plans(len(costs))]
     least = min(peak for (peak, _), _ in plans)
-    assert minimum_budget(costs) == least
+    assert minimum_budget(costs, nested=False) == least
     most = max(peak for (peak, _), _ in plans)
     budget = int(least + fraction * (most - least))
-    plan = plan_checkpoints(costs, budget)
+    plan = plan_checkpoints(costs, budget, nested=False)
     best = min(cost for (peak, cost), _ in plans if peak <= budget)
     assert plan.peak_bytes <= budget
     assert plan.recompute_seconds == pytest.approx(best)
@@ -121,12 +122,13 @@ def test_planner_matches_brute_force(costs, fraction):
     assert plan.peak_bytes == min(peak for (peak, cost), _ in plans if peak <= budget and math.isclose(cost, best))
 
 
-def test_budget_below_the_minimum_states_the_minimum():
+@pytest.mark.parametrize("nested", [False, True])
+def test_budget_below_the_minimum_states_the_minimum(nested):
     costs = [LayerCost("layer", 1024, 2048, True, 1024)] * 16
-    least = minimum_budget(costs)
-    assert plan_checkpoints(costs, least).peak_bytes == least
+    least = minimum_budget(costs, nested)
+    assert plan_checkpoints(costs, least, nested).peak_bytes == least
     with pytest.raises(ValueError, match=rf"no checkpoint plan fits a budget of {least - 1} bytes .* reaches is {least} bytes"):
-        plan_checkpoints(costs, least - 1)
+        plan_checkpoints(costs, least - 1, nested)
 
 
 def test_uniform_chain_at_the_minimum_budget_beats_sqrt_with_shrinking_segments():
@@ -134,7 +136,7 @@ def test_uniform_chain_at_the_minimum_budget_beats_sqrt_with_shrinking_segments(
     # later segments must be shorter: lengths k, k-1, ..., 1 (each twice here,
     # since a layer holds two units against one for a checkpoint).
     costs = [LayerCost("layer", 1024, 1024, True, 1024)] * 64
-    plan = plan_checkpoints(costs, minimum_budget(costs))
+    plan = plan_checkpoints(costs, minimum_budget(costs, nested=False), nested=False)
     lengths = [b - a for a, b, _ in plan.segments]
     assert lengths == sorted(lengths, reverse=True)
     assert plan.peak_bytes < predict(costs, "sqrt")[0]
@@ -146,7 +148,7 @@ def test_transformer_blocks_are_checkpointed_one_by_one():
     # beats sqrt(n) segments.
     block = LayerCost("block", 1 << 20, 18 << 20, True, 1 << 20)
     costs = [block] * 16
-    plan = plan_checkpoints(costs, minimum_budget(costs))
+    plan = plan_checkpoints(costs, minimum_budget(costs, nested=False), nested=False)
     assert all(b - a == 1 for a, b, c in plan.segments if c)
     every, _ = predict(costs, "every")
     sqrt, _ = predict(costs, "sqrt")
@@ -160,6 +162,98 @@ def test_planner_on_a_measured_gpt_checkpoints_every_block():
     x = Tensor(numpy.random.default_rng(1).standard_normal((2, 32, 16)).astype(numpy.float32))
     costs = measure_layers(blocks, x, repeats=1)
     assert all(c.saved_bytes > 4 * c.input_bytes for c in costs)  # measured: the interior dwarfs the input
-    plan = plan_checkpoints(costs, minimum_budget(costs))
+    plan = plan_checkpoints(costs, minimum_budget(costs, nested=False), nested=False)
     assert all(b - a == 1 for a, b, c in plan.segments if c)
     assert plan.peak_bytes < predict(costs, "sqrt")[0]
+
+
+# -- nested plans: revolve ----------------------------------------------------------
+def griewank_recomputations(steps, snapshots):
+    """Griewank's closed form (1992) for the least forward steps to reverse a chain.
+
+    t(l, c) = r l - beta(c + 1, r - 1), beta(c, r) = (c + r)! / (c! r!), where r
+    is the integer with beta(c, r - 1) < l <= beta(c, r). Its c snapshots
+    include the chain's input; its advances are our recomputations.
+    """
+    beta = lambda c, r: math.comb(c + r, c)  # noqa: E731
+    r = 0
+    while beta(snapshots, r) < steps:
+        r += 1
+    return r * steps - beta(snapshots + 1, r - 1)
+
+
+@pytest.mark.parametrize("slots", range(6))
+def test_revolve_recomputes_what_griewanks_binomial_formula_says(slots):
+    for n in range(1, 41):
+        assert revolve_recomputations(n, slots) == griewank_recomputations(n, slots + 1), (n, slots)
+
+
+def test_revolve_at_both_ends():
+    # no slot besides the input: recompute from the input for every layer, n(n-1)/2
+    assert revolve_recomputations(12, 0) == 66
+    assert describe(revolve(3, 0)) == "[0:2]*([0:1]* [1:2]) [2:3]"
+    # a slot for every layer: every layer but the last checkpointed once, as 'every'
+    assert revolve(5, 3) == [(0, 1, True), (1, 2, True), (2, 3, True), (3, 4, True), (4, 5, False)]
+    assert revolve_recomputations(5, 3) == 4
+    with pytest.raises(ValueError, match="slots >= 0"):
+        revolve(4, -1)
+
+
+def test_nested_segments_are_checked():
+    assert segment_bounds(4, [(0, 3, [(0, 1, True), (1, 3, False)]), (3, 4, False)])[0][2] == [(0, 1, True), (1, 3, False)]
+    with pytest.raises(ValueError, match=r"do not cover layers 0..3"):
+        segment_bounds(4, [(0, 3, [(0, 1, True), (1, 2, False)]), (3, 4, False)])
+    with pytest.raises(ValueError, match=r"inner plan of segment \(0, 3\) must be a list"):
+        segment_bounds(4, [(0, 3, []), (3, 4, False)])
+
+
+def mlp_grads(layers, model, x, segments):
+    model.zero_grad()
+    checkpoint_sequential(layers, segments, x).backward()
+    return [p.grad.numpy().copy() for p in model.parameters()] + [x.grad.numpy().copy()]
+
+
+@settings(max_examples=8)
+@given(depth=st.integers(1, 14), slots=st.integers(0, 4), batch=st.integers(1, 3))
+def test_revolve_gradients_equal_plain_and_peak_is_predicted(depth, slots, batch):
+    model, layers, x = mlp_chain(depth, 8, batch, numpy.float64, input_grad=True)
+    n = len(layers)
+    slots = min(slots, max(n - 2, 0))
+    segments = revolve(n, slots)
+    plain = mlp_grads(layers, model, x, [(0, n, False)])
+    x.grad = None
+    costs = measure_layers(layers, x, repeats=1)
+    predicted = predict(costs, segments)[0]
+    base = memory.current()["activations"]
+    measured = peak_activations(lambda: mlp_grads(layers, model, x, segments)) - base
+    x.grad = None
+    nested = mlp_grads(layers, model, x, segments)
+    for a, b in zip(plain, nested):
+        numpy.testing.assert_array_equal(a, b)  # the same ops on the same arrays: bit for bit
+    assert abs(measured - predicted) <= MARGIN * predicted, (measured, predicted, describe(segments))
+
+
+def test_the_planner_goes_below_the_single_level_minimum_with_a_nested_plan():
+    model, layers, x = mlp_chain(30, 32, 8)
+    costs = measure_layers(layers, x, repeats=1)
+    single = minimum_budget(costs, nested=False)
+    budget = single // 2
+    plan = plan_checkpoints(costs, budget)
+    assert plan.peak_bytes <= budget and any(isinstance(how, list) for _, _, how in plan.segments)
+    base = memory.current()["activations"]
+    measured = peak_activations(lambda: checkpoint_sequential(layers, plan, x).backward()) - base
+    assert measured <= budget and abs(measured - plan.peak_bytes) <= MARGIN * plan.peak_bytes
+    assert minimum_budget(costs) < single
+
+
+@settings(max_examples=25)
+@given(costs=st.lists(layer_costs, min_size=1, max_size=10), fraction=st.floats(0.0, 1.0))
+def test_nested_planning_never_recomputes_more_than_single_level(costs, fraction):
+    single_least = minimum_budget(costs, nested=False)
+    full = predict(costs, [(0, len(costs), False)])[0]
+    budget = int(single_least + fraction * max(full - single_least, 0))
+    single = plan_checkpoints(costs, budget, nested=False)
+    plan = plan_checkpoints(costs, budget)
+    assert plan.peak_bytes <= budget
+    assert plan.recompute_seconds <= single.recompute_seconds * (1 + 1e-9)
+    assert (plan.peak_bytes, plan.recompute_seconds) == pytest.approx(predict(costs, plan))

@@ -24,6 +24,8 @@ What does not live here: measuring (memory.py, saved.py), the cost model a
 checkpoint planner uses for measured layers (schedules.py).
 """
 
+from .schedules import LayerCost, walk  # the one cost model: formulas in, bytes out
+
 F32 = 4  # bytes per float32 element
 BOOL = 1  # bytes per bool element (dropout masks, the causal mask)
 INT64 = 8  # bytes per token id (NumPy's default integer)
@@ -147,18 +149,14 @@ def chain_peak(before, inputs, held, after, segments):
     inputs[i]: bytes of layer i's input buffer; held[i]: bytes layer i keeps
     when run normally (its input included, as every layer here saves it);
     after: bytes saved behind the chain (freed as backward starts);
-    segments: [(start, stop, checkpointed)], as schedules.segment_bounds gives.
+    segments: as schedules.segment_bounds gives them, nested ones included.
 
-    The same cost model as schedules.py: a checkpointed segment holds its
-    input until backward reaches it, then recomputes and holds all of its
-    layers' bytes; later segments are freed by then, earlier ones are not.
+    The chain itself is walked by schedules.py's cost model, with these
+    formulas for the sizes: a checkpointed segment holds its input until
+    backward reaches it, then recomputes and holds its layers' bytes; later
+    segments are freed by then, earlier ones are not.
     """
-    held_so_far = before
-    peak = 0
-    for start, stop, checkpointed in segments:
-        if checkpointed:
-            peak = max(peak, held_so_far + sum(held[start:stop]))  # during its recompute
-            held_so_far += inputs[start]
-        else:
-            held_so_far += sum(held[start:stop])
-    return max(peak, held_so_far + after)  # or at the end of the forward
+    costs = [LayerCost(f"{i}", i_bytes, h_bytes - i_bytes, True, i_bytes) for i, (i_bytes, h_bytes)
+             in enumerate(zip(inputs, held))]
+    held_at_end, recompute_peak, _ = walk(costs, segments)
+    return max(before + recompute_peak, before + held_at_end + after)  # in a recompute, or at the end of the forward

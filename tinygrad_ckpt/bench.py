@@ -336,7 +336,7 @@ def bench_w2(config, n_layer, progress, fractions=()):
 def _infeasible(row, how, n, costs):
     least = minimum_budget(costs)
     full = predict(costs, [(0, n, False)])[0]
-    row.update(infeasible=True, note=f"no single-level plan fits {round(how[1] * 100)}%: the least any "
+    row.update(infeasible=True, note=f"no plan fits {round(how[1] * 100)}%: the least any "
                f"plan reaches is {memory.format_bytes(least)} ({least / full:.0%} of no checkpointing)")
     return row
 

@@ -132,27 +132,40 @@ def checkpoint_sequential(functions, segments, input, preserve_rng_state=True, p
     list of boundaries such as [0, 8, 16, 24] (segment i is
     functions[b[i]:b[i+1]]; 0 and n may be left out), or a Plan from
     schedules.plan_checkpoints, which also says which segments are stored
-    instead of checkpointed. Every segment of an int, 'sqrt', 'every' or list
-    is checkpointed (PyTorch's checkpoint_sequential runs the last one
-    normally; ask the planner if that pays).
+    instead of checkpointed, and which carry a plan of their own for their
+    recompute (nested, as schedules.revolve makes them). Every segment of an
+    int, 'sqrt', 'every' or list is checkpointed (PyTorch's
+    checkpoint_sequential runs the last one normally; ask the planner if
+    that pays). A policy applies to the outermost segments only.
     """
     functions = list(functions)
-    x = input
-    for start, stop, checkpointed in segment_bounds(len(functions), segments):
-        run = _Chain(functions, start, stop)
-        x = checkpoint(run, x, preserve_rng_state=preserve_rng_state, policy=policy) if checkpointed else run(x)
+    return _run_segments(functions, segment_bounds(len(functions), segments), input,
+                         dict(preserve_rng_state=preserve_rng_state, policy=policy))
+
+
+def _run_segments(functions, segments, x, options):
+    for start, stop, how in segments:
+        run = _Chain(functions, start, stop, how if isinstance(how, list) else None, options)
+        x = checkpoint(run, x, **options) if how else run(x)
     return x
 
 
 class _Chain:
-    """functions[start:stop] applied in turn; named for error messages."""
+    """functions[start:stop] applied in turn, or by their inner plan; named for error messages.
 
-    def __init__(self, functions, start, stop):
-        self.functions = functions[start:stop]
+    An inner plan only matters when the segment is recomputed: its forward
+    runs inside checkpoint(), where nested checkpoints run inline.
+    """
+
+    def __init__(self, functions, start, stop, inner=None, options=None):
+        self.functions, self.start, self.stop = functions, start, stop
+        self.inner, self.options = inner, options
         self.name = f"layers[{start}:{stop}]"
 
     def __call__(self, x):
-        for f in self.functions:
+        if self.inner is not None:
+            return _run_segments(self.functions, self.inner, x, {**self.options, "policy": None})
+        for f in self.functions[self.start:self.stop]:
             x = f(x)
         return x
 

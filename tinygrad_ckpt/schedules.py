@@ -31,6 +31,11 @@ plan, P = bytes held by the segments before the current one:
                                 same buffer, counted once)
   predicted peak = max(P at the end of the forward, every recompute's peak)
 
+A nested segment's recompute is its inner plan's forward and backward,
+walked the same way from P + in_a (the inner plan's first checkpoint saves
+the very buffer the outer one saved, counted once); it costs the segment's
+forward plus the inner plan's own recompute.
+
 Backward walks the segments in reverse, so when segment j is recomputed the
 later ones have been freed and the earlier ones still hold their bytes.
 These are saved-activation bytes, the "activations" that memory.py counts.
@@ -39,11 +44,20 @@ The planner minimises recompute cost (the forward time of every
 checkpointed layer, measured) subject to peak <= budget, then the peak:
 dynamic programming over positions, with a staircase of states (P, cost,
 peak so far) per position (see `_best_plan`).
-A budget below the smallest peak any single-level plan reaches is an error
-that states that minimum. Going lower needs recomputing some layers more
-than once (nested checkpoints; Griewank's revolve gives the optimal binomial
-schedule for equal layers). Those only beat this planner below its minimum,
-and are not implemented here.
+
+Nested plans (revolve). A single-level plan holds a checkpoint per segment
+and one segment's interior; below its smallest peak, some layers must be
+recomputed more than once. A checkpointed segment may carry a plan of its
+own, (start, stop, [inner segments]): while backward recomputes it, the
+inner plan runs, so its inner checkpoints keep only their inputs and are
+recomputed again in turn (checkpoint() nests). `revolve(n, slots)` builds
+such plans from Griewank's binomial schedule ("revolve", Griewank & Walther
+2000), optimal for equal layers: with `slots` checkpoints besides the
+chain's input, the peak is about (slots + 1) inputs and one layer's interior,
+and layers are recomputed log-many times instead of once. The planner prices
+every such plan with the measured sizes and times, and takes one where it
+beats the single-level plans: always below their minimum, rarely above it.
+A budget below the smallest peak of any plan is an error that states it.
 
 What does not live here: checkpointing itself (checkpoint.py).
 """
@@ -87,9 +101,17 @@ class Plan:
         return [s for s, _, _ in self.segments] + ([self.segments[-1][1]] if self.segments else [0])
 
     def __str__(self):
-        parts = [f"[{a}:{b}]{'*' if c else ''}" for a, b, c in self.segments]
-        return (f"Plan({' '.join(parts)}; * = checkpointed; predicted peak "
+        return (f"Plan({describe(self.segments)}; * = checkpointed; predicted peak "
                 f"{memory.format_bytes(self.peak_bytes)}, recompute {self.recompute_seconds * 1e3:.1f} ms)")
+
+
+def describe(segments):
+    """'[0:8]* [8:10]': * marks a checkpointed segment, (...) its inner plan if nested."""
+    parts = []
+    for a, b, how in segments:
+        inner = f"({describe(how)})" if isinstance(how, list) else ""
+        parts.append(f"[{a}:{b}]{'*' if how else ''}{inner}")
+    return " ".join(parts)
 
 
 # -- fixed schedules -----------------------------------------------------------
@@ -101,10 +123,7 @@ def segment_bounds(n, segments):
     if isinstance(segments, Plan):
         segments = segments.segments
     if isinstance(segments, (list, tuple)) and segments and all(isinstance(s, tuple) and len(s) == 3 for s in segments):
-        stops = [0] + [b for _, b, _ in segments]
-        if [a for a, _, _ in segments] != stops[:-1] or stops[-1] != n or any(b <= a for a, b, _ in segments):
-            raise ValueError(f"segments {list(segments)} do not cover layers 0..{n} one after the other")
-        return [(a, b, bool(c)) for a, b, c in segments]
+        return _checked(segments, 0, n)
     if segments == "sqrt":
         segments = max(1, round(math.sqrt(n)))
     elif segments == "every":
@@ -134,6 +153,22 @@ def segment_bounds(n, segments):
     raise TypeError(
         f"segments must be an int, 'sqrt', 'every', a list of boundaries or a Plan, got {segments!r}"
     )
+
+
+def _checked(segments, start, stop):
+    """Explicit segments covering layers start..stop, each (a, b, stored/checkpointed/inner plan)."""
+    stops = [start] + [b for _, b, _ in segments]
+    if [a for a, _, _ in segments] != stops[:-1] or stops[-1] != stop or any(b <= a for a, b, _ in segments):
+        raise ValueError(f"segments {list(segments)} do not cover layers {start}..{stop} one after the other")
+    out = []
+    for a, b, how in segments:
+        if isinstance(how, (list, tuple)):  # checkpointed, with a plan of its own for the recompute
+            if not how or not all(isinstance(s, tuple) and len(s) == 3 for s in how):
+                raise ValueError(f"the inner plan of segment ({a}, {b}) must be a list of (start, stop, how), got {how!r}")
+            out.append((a, b, _checked(how, a, b)))
+        else:
+            out.append((a, b, bool(how)))
+    return out
 
 
 def sqrt_segments(n):
@@ -183,47 +218,149 @@ def measure_layers(layers, x, repeats=2):
 # -- predicting and planning -----------------------------------------------------
 def predict(costs, segments):
     """(predicted peak saved-activation bytes, recompute seconds) of a segmentation."""
-    P = peak = 0
-    recompute = 0.0
-    for a, b, checkpointed in segment_bounds(len(costs), segments):
-        held = sum(c.held_bytes for c in costs[a:b])
-        if checkpointed:
-            first = costs[a]
-            peak = max(peak, P + first.input_bytes + held - (first.input_bytes if first.saves_input else 0))
-            P += first.input_bytes
-            recompute += sum(c.seconds for c in costs[a:b])
-        else:
-            P += held
+    P, peak, recompute = walk(costs, segment_bounds(len(costs), segments))
     return max(peak, P), recompute
 
 
-def plan_checkpoints(costs, budget):
+def walk(costs, segments, P=0, input_held=False):
+    """Walk a plan as forward and backward run it (the cost model above).
+
+    P: bytes held before it; input_held: its first layer's input buffer is
+    among them already (an inner plan's, saved by the outer checkpoint).
+    Returns (P at the end of its forward, the highest recompute peak,
+    recompute seconds).
+    """
+    peak, recompute = 0, 0.0
+    for a, b, how in segments:
+        first = costs[a]
+        counted = input_held and a == segments[0][0]  # this buffer is in P already
+        if not how:  # stored
+            P += sum(c.held_bytes for c in costs[a:b]) - (first.input_bytes if counted and first.saves_input else 0)
+            continue
+        base = P + (0 if counted else first.input_bytes)  # the record saves its input
+        if isinstance(how, list):  # recomputed by running its inner plan
+            inner_end, inner_peak, inner_recompute = walk(costs, how, base, input_held=True)
+            peak = max(peak, inner_end, inner_peak)
+            recompute += inner_recompute
+        else:
+            held = sum(c.held_bytes for c in costs[a:b])
+            peak = max(peak, base + held - (first.input_bytes if first.saves_input else 0))
+        recompute += sum(c.seconds for c in costs[a:b])
+        P = base
+    return P, peak, recompute
+
+
+def plan_checkpoints(costs, budget, nested=True):
     """The plan that recomputes least with a predicted peak <= budget bytes.
 
     costs: a list of LayerCost (measure_layers). Among plans that recompute
-    the same layers, the one with the lowest peak wins. A budget below the
+    the same layers, the one with the lowest peak wins. nested: also weigh
+    revolve's nested plans (recomputing some layers more than once), which
+    reach lower peaks; False keeps to single-level plans. A budget below the
     smallest reachable peak is a ValueError that states the minimum.
     """
     if not costs:
         return Plan([], 0, 0.0)
-    best = _best_plan(costs, budget, _cost_units(costs))
-    if best is None:
-        least = minimum_budget(costs)
+    candidates = []
+    single = _best_plan(costs, budget, _cost_units(costs))
+    if single is not None:
+        candidates.append(Plan(single, *predict(costs, single)))
+    if nested:
+        candidates += [p for p in revolve_plans(costs) if p.peak_bytes <= budget]
+    if not candidates:
+        least = minimum_budget(costs, nested)
         raise ValueError(
             f"no checkpoint plan fits a budget of {budget} bytes ({memory.format_bytes(budget)}): "
-            f"the smallest peak of saved activations any segmentation of these {len(costs)} layers "
-            f"reaches is {least} bytes ({memory.format_bytes(least)}). Raise the budget, or use a "
-            "smaller batch."
+            f"the smallest peak of saved activations any {'' if nested else 'single-level '}plan for "
+            f"these {len(costs)} layers reaches is {least} bytes ({memory.format_bytes(least)}). "
+            "Raise the budget, or use a smaller batch."
         )
-    peak, recompute = predict(costs, best)
-    return Plan(best, peak, recompute)
+    # Cheapest first; compared in rounded units, as the planner does, so that
+    # plans recomputing the same layers tie and the lower peak wins.
+    total = sum(c.seconds for c in costs) or 1.0
+    return min(candidates, key=lambda p: (round(p.recompute_seconds / total * 1e9), p.peak_bytes))
 
 
-def minimum_budget(costs):
-    """The smallest peak of saved activations any single-level plan reaches (bytes)."""
+def minimum_budget(costs, nested=True):
+    """The smallest peak of saved activations any plan reaches (bytes); nested=False: single-level plans."""
     if not costs:
         return 0
-    return predict(costs, _best_plan(costs, math.inf, [0] * len(costs)))[0]
+    least = predict(costs, _best_plan(costs, math.inf, [0] * len(costs)))[0]
+    if nested:
+        least = min([least] + [p.peak_bytes for p in revolve_plans(costs)])
+    return least
+
+
+# -- nested plans: revolve -----------------------------------------------------------
+def revolve(n, slots):
+    """Griewank's binomial schedule for n equal layers as a nested plan.
+
+    slots: checkpoints that may be held at once besides the chain's input
+    (0 <= slots). Peak: about (slots + 1) layer inputs and one layer's
+    interior. Each plan level is: checkpoint the first k layers (recomputed
+    later with this same plan, recursively), and go on with the rest, which
+    holds one slot (its input) until its backward is done; k is chosen by
+    `_revolve_table` to minimise the layers recomputed.
+    """
+    if n < 1 or slots < 0:
+        raise ValueError(f"revolve needs at least one layer and slots >= 0, got n={n}, slots={slots}")
+    return _revolve_segments(0, n, slots, _revolve_table(n, slots))
+
+
+def revolve_recomputations(n, slots):
+    """Layer forwards that revolve(n, slots) recomputes in backward (equal layers)."""
+    return _revolve_table(n, slots)[n][slots][0]
+
+
+def revolve_plans(costs):
+    """revolve(n, slots) for every useful slot count, each priced with the measured costs."""
+    n = len(costs)
+    most = max(n - 2, 0)  # with n - 2 slots every layer has its own checkpoint: none is recomputed twice
+    table = _revolve_table(n, most)
+    plans = []
+    for slots in range(most + 1):
+        segments = _revolve_segments(0, n, slots, table)
+        plans.append(Plan(segments, *predict(costs, segments)))
+    return plans
+
+
+def _revolve_table(n, slots):
+    """table[t][m] = (layers recomputed, k) for t equal layers with m slots.
+
+    t = 1: one layer, stored: nothing recomputed. Otherwise checkpoint the
+    first k layers and go on with the other t - k:
+      k = t - 1  the rest is one layer, stored (its interior holds its input):
+                 (t - 1) + table[t - 1][m]
+      k < t - 1  the rest keeps its input in a slot while it runs:
+                 k + table[k][m] + table[t - k][m - 1]    (needs m >= 1)
+    (the k layers are recomputed once, then backpropagated with the slots
+    the rest has given back). Griewank's recurrence, as in Gruslys et al. 2016.
+    """
+    table = [[(0, 0)] * (slots + 1) for _ in range(n + 1)]
+    for t in range(2, n + 1):
+        for m in range(slots + 1):
+            best = ((t - 1) + table[t - 1][m][0], t - 1)
+            if m >= 1:
+                for k in range(1, t - 1):
+                    cost = k + table[k][m][0] + table[t - k][m - 1][0]
+                    if cost < best[0]:
+                        best = (cost, k)
+            table[t][m] = best
+    return table
+
+
+def _revolve_segments(start, stop, slots, table):
+    """The segments of layers start..stop at one plan level (see revolve)."""
+    segments = []
+    while stop - start > 1:
+        k = table[stop - start][slots][1]
+        inner = _revolve_segments(start, start + k, slots, table)
+        segments.append((start, start + k, inner if len(inner) > 1 else True))
+        if stop - (start + k) > 1:
+            slots -= 1  # the rest's input now holds a slot
+        start += k
+    segments.append((start, stop, False))  # the last layer, stored
+    return segments
 
 
 def _cost_units(costs):
