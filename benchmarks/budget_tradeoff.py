@@ -31,11 +31,13 @@ W1_DEPTH, W2_BLOCKS = 32, 8
 
 
 def main():
-    progress = lambda what: print(what, flush=True)  # noqa: E731
+    progress = lambda what, count=True: print(what, flush=True)  # noqa: E731
     rows, curves = [], []
     for workload, size, run in (("W1", W1_DEPTH, bench.bench_w1), ("W2", W2_BLOCKS, bench.bench_w2)):
-        uniform = run(CONFIG, size, progress)  # none, every layer, sqrt(n) (and selective for W2)
-        curve = run(CONFIG, size, progress, fractions=CONFIG.tradeoff_fractions)
+        # none, every layer, sqrt(n) (and selective for W2), then a plan per budget, timed in the same rounds
+        got = run(CONFIG, size, progress, fractions=CONFIG.tradeoff_fractions)
+        uniform = [r for r in got if r.get("fraction") is None]
+        curve = sorted((r for r in got if r.get("fraction") is not None), key=lambda r: -r["fraction"])
         rows += uniform
         baseline = next(r for r in uniform if r["strategy"] == "none")
         curves.append({"workload": workload, "size": size, "rows": curve, "baseline": baseline})

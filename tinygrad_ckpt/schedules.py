@@ -3,7 +3,8 @@
 A chain of n layers, run by `checkpoint_sequential` (checkpoint.py). Each
 segment is either *stored* (run normally: its layers keep what they save
 until backward) or *checkpointed* (keeps only its input; recomputed once in
-backward). Three ways to choose:
+backward; with a plan of its own, some of its layers are recomputed more
+than once: nested plans, below). Ways to choose:
 
   segments=k        k segments of nearly equal length.
   segments='sqrt'   Chen et al. 2016: about sqrt(n) segments of sqrt(n)
@@ -17,6 +18,9 @@ backward). Three ways to choose:
                     its interior (about 1 MiB against 18 MiB per block in the
                     reference W2 workload), so the planner finds that cutting
                     at every block beats sqrt(n) segments there.
+  revolve(n, slots) the nested plan that recomputes least with `slots`
+                    checkpoints held at once (for equal layers); the
+                    planner uses it below what single-level plans reach.
 
 The cost model (what `predict` computes; `measure_layers` supplies the sizes):
 for layer i, in_i = bytes of its input, held_i = bytes it keeps for backward
@@ -53,8 +57,10 @@ inner plan runs, so its inner checkpoints keep only their inputs and are
 recomputed again in turn (checkpoint() nests). `revolve(n, slots)` builds
 such plans from Griewank's binomial schedule ("revolve", Griewank & Walther
 2000), optimal for equal layers: with `slots` checkpoints besides the
-chain's input, the peak is about (slots + 1) inputs and one layer's interior,
-and layers are recomputed log-many times instead of once. The planner prices
+chain's input, the peak is about (slots + 1) inputs and one layer's interior;
+the fewer the slots, the more often a layer is recomputed (with none, every
+layer is recomputed from the chain's input: n(n-1)/2 forwards; see
+`revolve_recomputations`). The planner prices
 every such plan with the measured sizes and times, and takes one where it
 beats the single-level plans: always below their minimum, rarely above it.
 A budget below the smallest peak of any plan is an error that states it.
