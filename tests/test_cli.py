@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy
+import pytest
 
 from tinygrad_ckpt import cli, serialization
 from tinygrad_ckpt.data import CharTokenizer, load_char_datasets
@@ -72,6 +73,17 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
     short.write_text("too short")
     assert cli.main(["train", "--data", str(short)]) == 2
     assert "fewer than one block" in capsys.readouterr().err
+
+
+def test_gradient_checkpointing_kwargs_are_json(capsys):
+    assert cli.main(["train", *TINY, "--gradient-checkpointing",
+                     "--gradient-checkpointing-kwargs", '{"segments": "sqrt", "policy": "selective_attention"}']) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["train", *TINY, "--gradient-checkpointing", "--gradient-checkpointing-kwargs", "{segments: sqrt}"])
+    assert "--gradient-checkpointing-kwargs: not valid JSON" in capsys.readouterr().err
+    assert cli.main(["train", *TINY, "--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"policy": "x"}']) == 2
+    assert "unknown checkpoint policy 'x'" in capsys.readouterr().err
 
 
 def test_python_dash_m_runs_the_same_command():

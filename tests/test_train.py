@@ -53,6 +53,15 @@ def args(**kw):
     (dict(lr_scheduler_type="step"), "lr_scheduler_type must be one of"),
     (dict(max_steps=-1, num_train_epochs=0), "nothing to train"),
     (dict(learning_rate=-1.0), "learning_rate"),
+    (dict(gradient_checkpointing_kwargs={"segments": "sqrt"}), "gradient_checkpointing is False"),
+    (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}),
+     r"keys 'segments' and/or 'policy'"),
+    (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"policy": "fast"}),
+     "unknown checkpoint policy 'fast'.* selective_attention"),
+    (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"policy": print}),
+     "must be a ready-made policy's name"),
+    (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"segments": 1.5}),
+     "'every', 'sqrt', an int or a list"),
 ])
 def test_bad_arguments_are_clear_errors(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -277,12 +286,15 @@ def test_training_on_a_device_never_copies_to_the_host_behind_our_back(tmp_path)
         backend.set_cuda_module(previous)
 
 
-def test_gradient_checkpointing_with_accumulation_same_run_less_activation_memory():
-    """GPT's own checkpointing through the flag: the same losses and weights, fewer saved bytes."""
+@pytest.mark.parametrize("kwargs", [None, {"segments": "every", "policy": "selective_attention"},
+                                    {"segments": [1], "policy": "save_matmuls"}])
+def test_gradient_checkpointing_with_accumulation_same_run_less_activation_memory(kwargs, tmp_path):
+    """GPT's own checkpointing through the flag (and its kwargs): the same losses and weights, fewer saved bytes."""
     results = {}
     for flag in (False, True):
         model = tiny_gpt(n_layer=2, dropout=0.1)
-        trainer = Trainer(model, args(gradient_checkpointing=flag, gradient_accumulation_steps=2, max_steps=3),
+        extra = dict(gradient_checkpointing_kwargs=kwargs, output_dir=str(tmp_path)) if flag else {}
+        trainer = Trainer(model, args(gradient_checkpointing=flag, gradient_accumulation_steps=2, max_steps=3, **extra),
                           dataset())
         with memory.timeline() as events:
             history = trainer.train()

@@ -59,7 +59,7 @@ from contextlib import contextmanager
 
 import numpy
 
-from . import backend, memory, random, tape
+from . import backend, memory, policies, random, tape
 from .function import Function
 from .policies import ReplayTape, Stash
 from .schedules import segment_bounds
@@ -231,6 +231,7 @@ class _Segment:
         self.args = tuple(_TENSOR if isinstance(a, Tensor) else a for a in args)
         self.kwargs = {k: _TENSOR if isinstance(v, Tensor) else v for k, v in kwargs.items()}
         self.preserve_rng_state = preserve_rng_state
+        policy = policies.resolve(policy)
         self.stash = Stash(policy, self.name) if policy is not None else None
         self.check_values = check_values
         self.inputs = []  # per tensor input: (weak reference, its _version, requires_grad)

@@ -17,6 +17,7 @@ the model (nn/).
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -65,6 +66,9 @@ def add_train_arguments(parser):
                    help="micro-batches per optimizer step (default: %(default)s)")
     t.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in backward instead of keeping them")
+    t.add_argument("--gradient-checkpointing-kwargs", type=_json_object, default=None, metavar="JSON",
+                   help="""with --gradient-checkpointing: which segments and policy, as JSON, e.g. """
+                        """'{"segments": "sqrt", "policy": "selective_attention"}' (default: every block, full recompute)""")
     t.add_argument("--max-steps", type=int, default=d["max_steps"],
                    help="optimizer steps; <= 0 to use --num-train-epochs (default: %(default)s)")
     t.add_argument("--num-train-epochs", type=float, default=1.0, help="epochs, when --max-steps <= 0 (default: %(default)s)")
@@ -94,6 +98,17 @@ def add_train_arguments(parser):
     out = parser.add_argument_group("after training")
     out.add_argument("--sample-chars", type=int, default=300, help="characters to sample at the end; 0: none (default: %(default)s)")
     out.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: %(default)s)")
+
+
+def _json_object(text):
+    """An argparse type: a JSON object (a dict), as Hugging Face's command lines take kwargs."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"segments\": \"sqrt\"}}', got {text!r}")
+    return value
 
 
 def run_train(args):

@@ -26,6 +26,8 @@ and `selective_attention`, the transformer block's: keep the projections'
 (Linear) outputs, recompute the attention core (q @ k^T, mask, softmax,
 dropout, @ v) and the cheap elementwise ops, which is where long sequences
 put most of their activation memory. `SaveOnly(*names)` builds more.
+Wherever a policy is taken, a ready-made one may also be given by its name
+("selective_attention"): see `resolve`.
 
 How it works, through the `Tape.run(op, ctx, arrays, options)` seam:
   forward   the segment runs on checkpoint.SegmentTape, which hands each op
@@ -76,6 +78,27 @@ selective_attention = SaveOnly("Linear")  # recompute the attention core, keep t
 def everything_saveable(op):
     """Policy: keep everything (recompute nothing; useful to see the replay alone)."""
     return SAVE
+
+
+BY_NAME = {"nothing_saveable": nothing_saveable, "everything_saveable": everything_saveable,
+           "save_matmuls": save_matmuls, "offload_matmuls": offload_matmuls,
+           "selective_attention": selective_attention}
+
+
+def resolve(policy):
+    """A policy from itself (a callable), None, or a ready-made one's name.
+
+    Names let a policy be given where only plain data fits: a command line,
+    TrainingArguments.gradient_checkpointing_kwargs (saved with a run).
+    """
+    if policy is None or (callable(policy) and not isinstance(policy, str)):
+        return policy
+    if isinstance(policy, str) and policy in BY_NAME:
+        return BY_NAME[policy]
+    raise ValueError(
+        f"unknown checkpoint policy {policy!r}: give a callable op name -> 'save'/'recompute'/'offload', "
+        f"or one of {', '.join(sorted(BY_NAME))}"
+    )
 
 
 def decide(policy, op):

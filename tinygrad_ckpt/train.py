@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy
 
-from . import backend, memory, nn, random, serialization
+from . import backend, memory, nn, policies, random, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
 from .data import IGNORE_INDEX, collate, epoch_order
@@ -61,6 +61,7 @@ class TrainingArguments:
     per_device_eval_batch_size: int = 8  # examples per evaluation batch
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (1: no accumulation)
     gradient_checkpointing: bool = False  # recompute activations in backward: model.gradient_checkpointing_enable()
+    gradient_checkpointing_kwargs: dict = None  # passed to it: {"segments": "sqrt", "policy": "selective_attention"}
     learning_rate: float = 1e-3  # peak learning rate, after warmup
     weight_decay: float = 0.0  # AdamW: decoupled decay; SGD: added to the gradient
     adam_beta1: float = 0.9
@@ -108,6 +109,35 @@ class TrainingArguments:
             )
         if self.accumulation_dtype is not None:
             numpy.dtype(self.accumulation_dtype)  # a TypeError names a bad dtype
+        self._check_gradient_checkpointing_kwargs()
+
+    def _check_gradient_checkpointing_kwargs(self):
+        """Plain data only (names, numbers, lists), since the arguments are saved with the run."""
+        kwargs = self.gradient_checkpointing_kwargs
+        if kwargs is None:
+            return
+        if not isinstance(kwargs, dict) or not set(kwargs) <= {"segments", "policy"}:
+            raise ValueError(
+                f"gradient_checkpointing_kwargs must be a dict with the keys 'segments' and/or 'policy' "
+                f"(model.gradient_checkpointing_enable's arguments), got {kwargs!r}"
+            )
+        if not self.gradient_checkpointing:
+            raise ValueError("gradient_checkpointing_kwargs is set but gradient_checkpointing is False; "
+                             "set gradient_checkpointing=True to use them")
+        policy = kwargs.get("policy")
+        if policy is not None and not isinstance(policy, str):
+            raise ValueError(
+                f"gradient_checkpointing_kwargs['policy'] must be a ready-made policy's name such as "
+                f"'selective_attention' (the arguments are saved with the run), got {policy!r}; for a "
+                "policy of your own, call model.gradient_checkpointing_enable(policy=...) yourself"
+            )
+        policies.resolve(policy)  # an unknown name fails here, with the names it could be
+        segments = kwargs.get("segments", "every")
+        if not (isinstance(segments, (str, int)) or isinstance(segments, list)) or isinstance(segments, bool):
+            raise ValueError(
+                f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of "
+                f"boundaries, got {segments!r}"
+            )
 
     @property
     def effective_batch_size(self):
@@ -186,7 +216,7 @@ class Trainer:
                     f"gradient_checkpointing=True, but {type(model).__name__} does not support it "
                     "(it has no gradient_checkpointing_enable() method)"
                 )
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
         self.optimizer = create_optimizer(model.parameters(), args)
         self.accumulator = GradientAccumulator(
             self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype

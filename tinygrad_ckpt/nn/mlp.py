@@ -15,7 +15,7 @@ What does not live here: the layers (layers.py), checkpointing (checkpoint.py).
 
 import numpy
 
-from .. import random
+from .. import policies, random
 from ..checkpoint import checkpoint_sequential
 from ..schedules import segment_bounds
 from .layers import GELU, Linear, ReLU, Sequential, Tanh
@@ -57,9 +57,10 @@ class MLP(Module):
 
     def gradient_checkpointing_enable(self, segments="every", policy=None):
         """Checkpoint the blocks: segments 'every' (one per block), 'sqrt', an int,
-        boundaries or a schedules.Plan (see checkpoint_sequential); policy: see policies.py."""
+        boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
+        policies.py, a callable or a ready-made one's name."""
         segment_bounds(len(self.blocks), segments)  # a bad value fails here, not in forward
-        self.checkpoint_segments, self.checkpoint_policy = segments, policy
+        self.checkpoint_segments, self.checkpoint_policy = segments, policies.resolve(policy)
 
     def gradient_checkpointing_disable(self):
         self.checkpoint_segments = self.checkpoint_policy = None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from .. import backend, random
+from .. import backend, policies, random
 from .. import functional as F
 from ..checkpoint import checkpoint_sequential
 from ..schedules import segment_bounds
@@ -149,10 +149,10 @@ class GPT(Module):
     def gradient_checkpointing_enable(self, segments="every", policy=None):
         """Checkpoint the blocks: segments 'every' (one per block), 'sqrt', an int,
         boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
-        policies.py (policies.selective_attention recomputes only the attention core
-        and the elementwise ops)."""
+        policies.py, a callable or a name (policies.selective_attention,
+        'selective_attention', recomputes only the attention core and the elementwise ops)."""
         segment_bounds(len(self.blocks), segments)  # a bad value fails here, not in forward
-        self.checkpoint_segments, self.checkpoint_policy = segments, policy
+        self.checkpoint_segments, self.checkpoint_policy = segments, policies.resolve(policy)
 
     def gradient_checkpointing_disable(self):
         self.checkpoint_segments = self.checkpoint_policy = None
