@@ -239,15 +239,20 @@ def _strategies(config, fractions, with_selective):
     return rows
 
 
-def _segments_for(how, n, costs):
-    """(segments, policy, plan or None) for a strategy; ValueError if a budget cannot be met."""
+def _segments_for(how, n, costs, after):
+    """(segments, policy, plan or None) for a strategy; ValueError if a budget cannot be met.
+
+    A budget is a fraction of the no-checkpoint peak of the blocks and what
+    the model saves behind them (`after`: the head and the loss), which the
+    planner is told about.
+    """
     if how is None:
         return None, None, None
     if how == "selective":
         return "every", policies.selective_attention, None
     if isinstance(how, tuple):  # ("budget", fraction of the no-checkpoint peak)
-        budget = int(how[1] * predict(costs, [(0, n, False)])[0])
-        plan = plan_checkpoints(costs, budget)
+        budget = int(how[1] * predict(costs, [(0, n, False)], after)[0])
+        plan = plan_checkpoints(costs, budget, after_bytes=after)
         return plan, None, plan
     return how, None, None
 
@@ -281,9 +286,9 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
             row["fraction"] = how[1]
         progress(f"{workload} size {size}, {name}: memory")
         try:
-            segments, policy, plan = _segments_for(how, size, costs)
+            segments, policy, plan = _segments_for(how, size, costs, formulas["after"])
         except ValueError:
-            rows.append(_infeasible(row, how, size, costs))
+            rows.append(_infeasible(row, how, size, costs, formulas["after"]))
             continue
         checkpointing(model, segments, policy)
         row.update(measure_memory(step, policy))
@@ -333,9 +338,9 @@ def bench_w2(config, n_layer, progress, fractions=()):
     return bench_chain(config, "W2", n_layer, model, lambda: model(idx, targets)[1], costs, formulas, progress, fractions)
 
 
-def _infeasible(row, how, n, costs):
-    least = minimum_budget(costs)
-    full = predict(costs, [(0, n, False)])[0]
+def _infeasible(row, how, n, costs, after):
+    least = minimum_budget(costs, after_bytes=after)
+    full = predict(costs, [(0, n, False)], after)[0]
     row.update(infeasible=True, note=f"no plan fits {round(how[1] * 100)}%: the least any "
                f"plan reaches is {memory.format_bytes(least)} ({least / full:.0%} of no checkpointing)")
     return row

@@ -33,7 +33,12 @@ plan, P = bytes held by the segments before the current one:
                                 P + in_a + held_a + ... + held_{b-1}
                                 (less in_a if layer a saves its input: the
                                 same buffer, counted once)
-  predicted peak = max(P at the end of the forward, every recompute's peak)
+  predicted peak = max(P at the end of the forward + after_bytes,
+                       every recompute's peak)
+
+where after_bytes is what the model saves behind the chain (its head and
+loss), held with the chain's bytes at the end of the forward and freed
+before backward reaches the chain.
 
 A nested segment's recompute is its inner plan's forward and backward,
 walked the same way from P + in_a (the inner plan's first checkpoint saves
@@ -222,10 +227,15 @@ def measure_layers(layers, x, repeats=2):
 
 
 # -- predicting and planning -----------------------------------------------------
-def predict(costs, segments):
-    """(predicted peak saved-activation bytes, recompute seconds) of a segmentation."""
+def predict(costs, segments, after_bytes=0):
+    """(predicted peak saved-activation bytes, recompute seconds) of a segmentation.
+
+    after_bytes: what is saved behind the chain (a model's head and loss):
+    held at the end of the forward beside the chain's bytes, freed before
+    the chain's backward (and so before any of its recomputes).
+    """
     P, peak, recompute = walk(costs, segment_bounds(len(costs), segments))
-    return max(peak, P), recompute
+    return max(peak, P + after_bytes), recompute
 
 
 def walk(costs, segments, P=0, input_held=False):
@@ -256,25 +266,28 @@ def walk(costs, segments, P=0, input_held=False):
     return P, peak, recompute
 
 
-def plan_checkpoints(costs, budget, nested=True):
+def plan_checkpoints(costs, budget, nested=True, after_bytes=0):
     """The plan that recomputes least with a predicted peak <= budget bytes.
 
     costs: a list of LayerCost (measure_layers). Among plans that recompute
     the same layers, the one with the lowest peak wins. nested: also weigh
     revolve's nested plans (recomputing some layers more than once), which
-    reach lower peaks; False keeps to single-level plans. A budget below the
-    smallest reachable peak is a ValueError that states the minimum.
+    reach lower peaks; False keeps to single-level plans. after_bytes: what
+    the model saves behind the chain (see `predict`); it counts against the
+    budget at the end of the forward, so a plan that stores the last layers
+    may lose to one that checkpoints them. A budget below the smallest
+    reachable peak is a ValueError that states the minimum.
     """
     if not costs:
-        return Plan([], 0, 0.0)
+        return Plan([], after_bytes, 0.0)
     candidates = []
-    single = _best_plan(costs, budget, _cost_units(costs))
+    single = _best_plan(costs, budget, _cost_units(costs), after_bytes)
     if single is not None:
-        candidates.append(Plan(single, *predict(costs, single)))
+        candidates.append(Plan(single, *predict(costs, single, after_bytes)))
     if nested:
-        candidates += [p for p in revolve_plans(costs) if p.peak_bytes <= budget]
+        candidates += [p for p in revolve_plans(costs, after_bytes) if p.peak_bytes <= budget]
     if not candidates:
-        least = minimum_budget(costs, nested)
+        least = minimum_budget(costs, nested, after_bytes)
         raise ValueError(
             f"no checkpoint plan fits a budget of {budget} bytes ({memory.format_bytes(budget)}): "
             f"the smallest peak of saved activations any {'' if nested else 'single-level '}plan for "
@@ -287,13 +300,13 @@ def plan_checkpoints(costs, budget, nested=True):
     return min(candidates, key=lambda p: (round(p.recompute_seconds / total * 1e9), p.peak_bytes))
 
 
-def minimum_budget(costs, nested=True):
+def minimum_budget(costs, nested=True, after_bytes=0):
     """The smallest peak of saved activations any plan reaches (bytes); nested=False: single-level plans."""
     if not costs:
-        return 0
-    least = predict(costs, _best_plan(costs, math.inf, [0] * len(costs)))[0]
+        return after_bytes
+    least = predict(costs, _best_plan(costs, math.inf, [0] * len(costs), after_bytes), after_bytes)[0]
     if nested:
-        least = min([least] + [p.peak_bytes for p in revolve_plans(costs)])
+        least = min([least] + [p.peak_bytes for p in revolve_plans(costs, after_bytes)])
     return least
 
 
@@ -318,7 +331,7 @@ def revolve_recomputations(n, slots):
     return _revolve_table(n, slots)[n][slots][0]
 
 
-def revolve_plans(costs):
+def revolve_plans(costs, after_bytes=0):
     """revolve(n, slots) for every useful slot count, each priced with the measured costs."""
     n = len(costs)
     most = max(n - 2, 0)  # with n - 2 slots every layer has its own checkpoint: none is recomputed twice
@@ -326,7 +339,7 @@ def revolve_plans(costs):
     plans = []
     for slots in range(most + 1):
         segments = _revolve_segments(0, n, slots, table)
-        plans.append(Plan(segments, *predict(costs, segments)))
+        plans.append(Plan(segments, *predict(costs, segments, after_bytes)))
     return plans
 
 
@@ -375,12 +388,13 @@ def _cost_units(costs):
     return [round(c.seconds / total * 1e9) for c in costs]
 
 
-def _best_plan(costs, budget, units):
+def _best_plan(costs, budget, units, after_bytes=0):
     """Segments minimising (recompute units, then peak) with peak <= budget, or None.
 
     Forward dynamic programming over positions 0..n. A state at position i is
     (P, C, M, segment, parent): bytes held by the segments so far, their
-    recompute cost, the highest recompute peak so far. The future depends
+    recompute cost, the highest recompute peak so far; at the end, the peak
+    is max(P + after_bytes, M). The future depends
     only on P, so a state is dropped when another has P no larger and
     (C, M) no larger in lexicographic order; what is left at each position is
     a staircase with at most one state per distinct P.
@@ -406,10 +420,10 @@ def _best_plan(costs, budget, units):
                 if peak > budget:
                     break  # longer segments only hold more
                 states[j].append((P + first.input_bytes, C + cost[j] - cost[i], max(M, peak), (i, j, True), state))
-    final = [s for s in _prune(states[n]) if max(s[0], s[2]) <= budget]
+    final = [s for s in _prune(states[n]) if max(s[0] + after_bytes, s[2]) <= budget]
     if not final:
         return None
-    return _segments(min(final, key=lambda s: (s[1], max(s[0], s[2]))))
+    return _segments(min(final, key=lambda s: (s[1], max(s[0] + after_bytes, s[2]))))
 
 
 def _prune(states):
