@@ -215,12 +215,14 @@ def mlp_grads(layers, model, x, segments):
 
 
 @settings(max_examples=8)
-@given(depth=st.integers(1, 14), slots=st.integers(0, 4), batch=st.integers(1, 3))
-def test_revolve_gradients_equal_plain_and_peak_is_predicted(depth, slots, batch):
+@given(depth=st.integers(1, 14), slots=st.integers(0, 4), batch=st.integers(1, 3), last_checkpointed=st.booleans())
+def test_revolve_gradients_equal_plain_and_peak_is_predicted(depth, slots, batch, last_checkpointed):
     model, layers, x = mlp_chain(depth, 8, batch, numpy.float64, input_grad=True)
     n = len(layers)
     slots = min(slots, max(n - 2, 0))
     segments = revolve(n, slots)
+    if last_checkpointed:  # as the planner's variant: the last layer recomputed, not stored
+        segments = segments[:-1] + [(n - 1, n, True)]
     plain = mlp_grads(layers, model, x, [(0, n, False)])
     x.grad = None
     costs = measure_layers(layers, x, repeats=1)
@@ -248,16 +250,18 @@ def test_the_planner_goes_below_the_single_level_minimum_with_a_nested_plan():
 
 
 @settings(max_examples=25)
-@given(costs=st.lists(layer_costs, min_size=1, max_size=10), fraction=st.floats(0.0, 1.0))
-def test_nested_planning_never_recomputes_more_than_single_level(costs, fraction):
-    single_least = minimum_budget(costs, nested=False)
-    full = predict(costs, [(0, len(costs), False)])[0]
+@given(costs=st.lists(layer_costs, min_size=1, max_size=10), fraction=st.floats(0.0, 1.0),
+       after=st.sampled_from([0, 100]))
+def test_nested_planning_never_recomputes_more_than_single_level(costs, fraction, after):
+    single_least = minimum_budget(costs, nested=False, after_bytes=after)
+    full = predict(costs, [(0, len(costs), False)], after)[0]
     budget = int(single_least + fraction * max(full - single_least, 0))
-    single = plan_checkpoints(costs, budget, nested=False)
-    plan = plan_checkpoints(costs, budget)
+    single = plan_checkpoints(costs, budget, nested=False, after_bytes=after)
+    plan = plan_checkpoints(costs, budget, after_bytes=after)
     assert plan.peak_bytes <= budget
     assert plan.recompute_seconds <= single.recompute_seconds * (1 + 1e-9)
-    assert (plan.peak_bytes, plan.recompute_seconds) == pytest.approx(predict(costs, plan))
+    assert (plan.peak_bytes, plan.recompute_seconds) == pytest.approx(predict(costs, plan, after))
+    assert minimum_budget(costs, after_bytes=after) <= single_least
 
 
 def test_bytes_saved_behind_the_chain_make_the_planner_checkpoint_the_last_layer():

@@ -332,14 +332,20 @@ def revolve_recomputations(n, slots):
 
 
 def revolve_plans(costs, after_bytes=0):
-    """revolve(n, slots) for every useful slot count, each priced with the measured costs."""
+    """revolve(n, slots) for every useful slot count, each priced with the measured costs.
+
+    Each also with its last layer checkpointed instead of stored: one more
+    layer recomputed, but its interior is no longer held at the end of the
+    forward, where what the model saves behind the chain (after_bytes) joins it.
+    """
     n = len(costs)
     most = max(n - 2, 0)  # with n - 2 slots every layer has its own checkpoint: none is recomputed twice
     table = _revolve_table(n, most)
     plans = []
     for slots in range(most + 1):
         segments = _revolve_segments(0, n, slots, table)
-        plans.append(Plan(segments, *predict(costs, segments, after_bytes)))
+        last = segments[:-1] + [(n - 1, n, True)]
+        plans += [Plan(s, *predict(costs, s, after_bytes)) for s in (segments, last)]
     return plans
 
 
