@@ -140,7 +140,7 @@ def w1_model(depth, cfg, device):
 def w1_strategies(blocks, x):
     """name -> (segments, policy): none, every layer, sqrt(N), planner at 50% and 25% of the plain peak."""
     strategies = {"none": (None, None), "every": ("every", None), "sqrt": ("sqrt", None)}
-    costs = schedules.measure_layers(blocks, x)
+    costs = schedules.measure_layers(blocks, x, cost="flops")
     plain_peak, _ = schedules.predict(costs, [(0, len(costs), False)])
     for fraction in BUDGETS:
         try:

@@ -275,3 +275,20 @@ def test_bytes_saved_behind_the_chain_make_the_planner_checkpoint_the_last_layer
     assert predict(costs, blind, after_bytes=head)[0] > budget  # and over budget once the head is counted
     seeing = plan_checkpoints(costs, budget, nested=False, after_bytes=head)
     assert all(how for _, _, how in seeing.segments) and seeing.peak_bytes == budget
+
+
+def test_flops_costs_make_equal_layers_cost_the_same_and_plans_repeat():
+    model, layers, x = mlp_chain(6, 32, 8)
+    blocks = list(model.blocks)
+    timed = measure_layers(blocks, x, repeats=1)
+    counted = measure_layers(blocks, x, repeats=1, cost="flops")
+    B, W = 8, 32
+    assert all(c.flops == 2 * B * W * W + B * W + 9 * B * W for c in counted)  # Linear (+ bias), then GELU
+    assert len({c.seconds for c in counted}) == 1 and counted[0].seconds > 0
+    assert [c.flops for c in timed] == [c.flops for c in counted]
+    full = predict(counted, [(0, len(blocks), False)])[0]
+    plans = {describe(plan_checkpoints(measure_layers(blocks, x, repeats=1, cost="flops"), full // 2).segments)
+             for _ in range(3)}
+    assert len(plans) == 1
+    with pytest.raises(ValueError, match="cost must be 'time' or 'flops'"):
+        measure_layers(blocks, x, cost="bytes")

@@ -309,7 +309,7 @@ def bench_w1(config, depth, progress, fractions=()):
     model = MLP(h, h, h, n_layers=depth, rng=rng)
     x = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # (b, h)
     y = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # a fixed random target
-    costs = measure_layers(list(model.blocks), x)  # what the budget planner needs: bytes and seconds per layer
+    costs = measure_layers(list(model.blocks), x, cost="flops")  # for the budget planner: bytes and costs per layer
     # saved per layer 8bh, of which its input 4bh; the head's input and the loss's difference after
     formulas = dict(block_input=F32 * b * h, block_held=activations.mlp_layer(b, h), before=0, after=2 * F32 * b * h)
     return bench_chain(config, "W1", depth, model, lambda: F.mse_loss(model(x), y), costs, formulas, progress, fractions)
@@ -327,7 +327,7 @@ def bench_w2(config, n_layer, progress, fractions=()):
     model = _w2_model(config, n_layer, rng)
     idx = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T) token ids
     targets = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T)
-    costs = measure_layers(list(model.blocks), gpt_embed(model, idx))  # for the budget planner
+    costs = measure_layers(list(model.blocks), gpt_embed(model, idx), cost="flops")  # for the budget planner
     s, b, h, a, V = config.w2_seq, config.w2_batch, config.w2_d_model, config.w2_heads, config.w2_vocab
     dropout = config.w2_dropout > 0
     formulas = dict(

@@ -78,6 +78,7 @@ import time
 from dataclasses import dataclass
 
 from . import backend, memory, tape
+from .saved import op_flops
 from .tensor import Tensor
 
 
@@ -91,6 +92,7 @@ class LayerCost:
     saves_input: bool  # whether it also keeps its input's buffer
     output_bytes: int
     seconds: float = 1.0  # forward time: what recomputing it costs
+    flops: int = 0  # forward FLOPs, counted from shapes (saved.op_flops)
 
     @property
     def held_bytes(self):
@@ -188,15 +190,23 @@ def sqrt_segments(n):
 
 
 # -- measuring a chain ---------------------------------------------------------
-def measure_layers(layers, x, repeats=2):
+def measure_layers(layers, x, repeats=2, cost="time"):
     """Run the chain once on sample input x, layer by layer; a LayerCost per layer.
 
     Each layer runs on a fresh tape on a detached copy of its input (with the
     same requires_grad it has in the chain), and the arrays its records saved
     are counted by buffer, as memory.py counts them; parameters (leaf
     tensors that require grad) are not activations and are left out. Its
-    forward time is the best of `repeats` runs.
+    forward time is the best of `repeats` runs, and its FLOPs are counted.
+
+    cost: what the planner will minimise. "time": each layer's measured
+    seconds. "flops": the chain's measured seconds shared out in proportion
+    to the layers' FLOPs, so equal layers cost exactly the same and the
+    plan is the same on every run (timing noise would otherwise pick among
+    equally good plans).
     """
+    if cost not in ("time", "flops"):
+        raise ValueError(f"measure_layers: cost must be 'time' or 'flops', got {cost!r}")
     costs = []
     for i, layer in enumerate(layers):
         seconds = math.inf
@@ -220,9 +230,15 @@ def measure_layers(layers, x, repeats=2):
         in_id = id(backend.storage(inp.data))
         saves_input = in_id in saved
         saved.pop(in_id, None)
+        flops = sum(op_flops(n.name, n.input_shapes, n.shapes) for n in nodes)
         name = getattr(layer, "name", None) or type(layer).__name__
-        costs.append(LayerCost(f"{i}:{name}", inp.data.nbytes, sum(saved.values()), saves_input, y.data.nbytes, seconds))
+        costs.append(LayerCost(f"{i}:{name}", inp.data.nbytes, sum(saved.values()), saves_input, y.data.nbytes,
+                               seconds, flops))
         x = Tensor(y.data, requires_grad=y.requires_grad, device=y.device)
+    if cost == "flops":
+        total_seconds, total_flops = sum(c.seconds for c in costs), sum(c.flops for c in costs)
+        for c in costs:
+            c.seconds = total_seconds * (c.flops / total_flops if total_flops else 1 / len(costs))
     return costs
 
 
