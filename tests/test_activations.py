@@ -112,7 +112,7 @@ def test_checkpointed_mlp_chain_peak_is_predicted_exactly(segments):
     assert _peak_over_step(loss) == activations.chain_peak(0, inputs, held, after, bounds)
 
 
-@pytest.mark.parametrize("strategy", ["none", "every", "sqrt", "selective"])
+@pytest.mark.parametrize("strategy", ["none", "every", "sqrt", "selective", "halves", "selective halves"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_checkpointed_gpt_peak_is_predicted_exactly(strategy, dropout):
     rng = numpy.random.default_rng(5)
@@ -120,20 +120,32 @@ def test_checkpointed_gpt_peak_is_predicted_exactly(strategy, dropout):
     model = GPT(GPTConfig(block_size=s, vocab_size=V, n_layer=L, n_head=a, n_embd=h, dropout=dropout), rng=rng, device=_device())
     xp = backend.module_for(_device())
     idx, targets = xp.asarray(rng.integers(0, V, (b, s))), xp.asarray(rng.integers(0, V, (b, s)))
-    segments = {"none": None, "every": "every", "sqrt": "sqrt", "selective": "every"}[strategy]
-    policy = policies.selective_attention if strategy == "selective" else None
+    segments = None if strategy == "none" else "sqrt" if strategy == "sqrt" else "every"
+    policy = policies.selective_attention if strategy.startswith("selective") else None
+    halves = strategy.endswith("halves")
+    if halves:  # the chain GPT.checkpoint_chain() gives with split_blocks=True
+        chain = [f for blk in model.blocks for f in (blk.attention_sublayer, blk.feed_forward_sublayer)]
+    else:
+        chain = list(model.blocks)
 
     def loss():  # GPT.forward, with its blocks run through checkpoint_sequential
         x = model.drop(model.wte(idx) + model.wpe(xp.arange(s)))
-        blocks = list(model.blocks)
-        x = model.blocks(x) if segments is None else checkpoint_sequential(blocks, segments, x, policy=policy)
+        x = model.blocks(x) if segments is None else checkpoint_sequential(chain, segments, x, policy=policy)
         return F.cross_entropy(model.lm_head(model.ln_f(x)), targets)
 
     d = dropout > 0
-    inputs, held = [4 * s * b * h] * L, [activations.gpt_block(s, b, h, a, d)] * L
-    if policy is not None:
-        inputs = [i + activations.selective_kept(s, b, h) for i in inputs]
-        held = [k + activations.selective_extra(s, b, h) for k in held]
-    bounds = segment_bounds(L, segments) if segments is not None else [(0, L, False)]
+    if halves:
+        per_half = [activations.gpt_attention_sublayer(s, b, h, a, d), activations.gpt_feed_forward_sublayer(s, b, h, d)]
+        held = per_half * L
+        inputs = [4 * s * b * h] * 2 * L
+        if policy is not None:  # each half keeps its Linear outputs, and holds its c_proj output in the replay
+            inputs = [i + activations.selective_kept_sublayers(s, b, h)[k % 2] for k, i in enumerate(inputs)]
+            held = [k + activations.selective_extra(s, b, h) // 2 for k in held]
+    else:
+        inputs, held = [4 * s * b * h] * L, [activations.gpt_block(s, b, h, a, d)] * L
+        if policy is not None:
+            inputs = [i + activations.selective_kept(s, b, h) for i in inputs]
+            held = [k + activations.selective_extra(s, b, h) for k in held]
+    bounds = segment_bounds(len(chain), segments) if segments is not None else [(0, len(chain), False)]
     predicted = activations.chain_peak(activations.gpt_embedding(s, b, h, d), inputs, held, activations.gpt_head(s, b, h, V), bounds)
     assert _peak_over_step(loss) == predicted

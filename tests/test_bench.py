@@ -44,7 +44,7 @@ def test_bench_exits_cleanly_and_writes_json_and_markdown(tiny_run):
 def test_every_strategy_has_a_row(tiny_run):
     _, _, results = tiny_run
     w2 = {r["strategy"] for r in results["rows"] if r["workload"] == "W2"}
-    assert w2 == {"none", "every layer", "sqrt(n)", "budget 50%", "budget 25%", "selective"}
+    assert w2 == {"none", "every layer", "sqrt(n)", "budget 50%", "budget 25%", "selective", "selective, half blocks"}
     w3 = [r["strategy"] for r in results["rows"] if r["workload"] == "W3"]
     assert w3 == ["4 x 1", "2 x 2", "1 x 4"]
     assert [len(c["rows"]) for c in results["tradeoff"]] == [2, 2]

@@ -118,11 +118,12 @@ def tiny_gpt(n_layer, dropout, seed=0, dtype=F64):
 @given(n_layer=st.integers(1, 4), T=st.integers(2, 8), dropout=st.sampled_from([0.0, 0.2]),
        segments=st.sampled_from(["every", "sqrt", 1, "revolve0"]),
        policy=st.sampled_from([None, policies.selective_attention, policies.save_matmuls, user_policy]),
-       seed=st.integers(0, 2**16))
-@example(n_layer=4, T=8, dropout=0.2, segments="revolve0", policy=None, seed=3)
-def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments, policy, seed):
+       split=st.booleans(), seed=st.integers(0, 2**16))
+@example(n_layer=4, T=8, dropout=0.2, segments="revolve0", policy=None, split=False, seed=3)
+@example(n_layer=2, T=8, dropout=0.2, segments="every", policy=policies.selective_attention, split=True, seed=4)
+def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments, policy, split, seed):
     if segments == "revolve0":  # nested: block 0 recomputed n_layer - 1 times, dropout masks each time the same
-        segments = revolve(n_layer, 0)
+        segments = revolve(n_layer * (2 if split else 1), 0)
     model, gen = tiny_gpt(n_layer, dropout, seed)
     idx = numpy.random.default_rng(seed).integers(0, 11, (2, T))
     start = gen.bit_generator.state
@@ -131,7 +132,7 @@ def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments
         gen.bit_generator.state = start
         model.zero_grad()
         if enable:
-            model.gradient_checkpointing_enable(segments, policy=policy)
+            model.gradient_checkpointing_enable(segments, policy=policy, split_blocks=split)
         else:
             model.gradient_checkpointing_disable()
         _, loss = model(idx, idx)
@@ -457,6 +458,13 @@ def test_bad_segments_are_clear_errors():
         model.gradient_checkpointing_enable([0, 2, 2])
     with pytest.raises(TypeError, match=r"segments must be an int, 'sqrt', 'every'"):
         model.gradient_checkpointing_enable("half")
+    gpt, _ = tiny_gpt(2, 0.0)
+    gpt.gradient_checkpointing_enable(4, split_blocks=True)  # 2 blocks: 4 halves
+    assert len(gpt.checkpoint_chain()) == 4
+    with pytest.raises(ValueError, match=r"number of layers \(2\), got 4"):
+        gpt.gradient_checkpointing_enable(4)
+    gpt.gradient_checkpointing_disable()
+    assert len(gpt.checkpoint_chain()) == 2
 
 
 # -- memory of a deep chain --------------------------------------------------------------

@@ -55,7 +55,9 @@ def args(**kw):
     (dict(learning_rate=-1.0), "learning_rate"),
     (dict(gradient_checkpointing_kwargs={"segments": "sqrt"}), "gradient_checkpointing is False"),
     (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}),
-     r"keys 'segments' and/or 'policy'"),
+     r"some of the keys 'segments', 'policy' and 'split_blocks'"),
+    (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"split_blocks": "yes"}),
+     r"\['split_blocks'\] must be true or false"),
     (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"policy": "fast"}),
      "unknown checkpoint policy 'fast'.* selective_attention"),
     (dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"policy": print}),
@@ -287,7 +289,8 @@ def test_training_on_a_device_never_copies_to_the_host_behind_our_back(tmp_path)
 
 
 @pytest.mark.parametrize("kwargs", [None, {"segments": "every", "policy": "selective_attention"},
-                                    {"segments": [1], "policy": "save_matmuls"}])
+                                    {"segments": [1], "policy": "save_matmuls"},
+                                    {"segments": "every", "policy": "selective_attention", "split_blocks": True}])
 def test_gradient_checkpointing_with_accumulation_same_run_less_activation_memory(kwargs, tmp_path):
     """GPT's own checkpointing through the flag (and its kwargs): the same losses and weights, fewer saved bytes."""
     results = {}

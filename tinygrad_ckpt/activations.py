@@ -82,14 +82,27 @@ def gpt_block(s, b, h, a, dropout=True):
         dropout            its mask                    sbh         (dropout)
         + (Add)            nothing
     """
+    return gpt_attention_sublayer(s, b, h, a, dropout) + gpt_feed_forward_sublayer(s, b, h, dropout)
+
+
+def gpt_attention_sublayer(s, b, h, a, dropout=True):
+    """The block's first half, x + attn(ln_1(x)): ln_1 down to resid_dropout above."""
     sbh, as2b = s * b * h, a * s * s * b
-    layer_norms = 2 * (F32 * sbh + 2 * F32 * s * b)
+    layer_norm = F32 * sbh + 2 * F32 * s * b
     attention = F32 * sbh + 3 * F32 * sbh + F32 + BOOL * s * s + F32 * as2b + F32 * sbh
-    feed_forward = F32 * sbh + 4 * F32 * sbh + 4 * F32 * sbh
     if dropout:
         attention += BOOL * as2b + F32 * as2b + BOOL * sbh
+    return layer_norm + attention
+
+
+def gpt_feed_forward_sublayer(s, b, h, dropout=True):
+    """The block's second half, x + mlp(ln_2(x)): ln_2 down to the last dropout above."""
+    sbh = s * b * h
+    layer_norm = F32 * sbh + 2 * F32 * s * b
+    feed_forward = F32 * sbh + 4 * F32 * sbh + 4 * F32 * sbh
+    if dropout:
         feed_forward += BOOL * sbh
-    return layer_norms + attention + feed_forward
+    return layer_norm + feed_forward
 
 
 def korthikanti_block(s, b, h, a):
@@ -129,14 +142,20 @@ def selective_kept(s, b, h):
     (the Linears' inputs are the segment's own arrays, and their weights parameters,
     so nothing else is kept). They wait, with the block's input, for backward.
     """
-    return 9 * F32 * s * b * h
+    return sum(selective_kept_sublayers(s, b, h))
+
+
+def selective_kept_sublayers(s, b, h):
+    """The same, per half of a block: (attention: qkv + c_proj 16sbh, feed-forward: c_fc + c_proj 20sbh)."""
+    return 4 * F32 * s * b * h, 5 * F32 * s * b * h
 
 
 def selective_extra(s, b, h):
     """Bytes a selectively recomputed block holds beyond a plain one: the two c_proj outputs.
 
     A plain block saves neither (dropout keeps a mask, the residual add
-    nothing); the replay holds them, 4sbh each, until the block's backward ends.
+    nothing); the replay holds them, 4sbh each, until the block's backward ends
+    (with split blocks, each half holds its own one until its backward ends).
     """
     return 2 * F32 * s * b * h
 

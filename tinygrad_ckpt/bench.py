@@ -135,10 +135,12 @@ F32 = 4
 
 
 # -- one training step per strategy --------------------------------------------------
-def checkpointing(model, segments, policy):
+def checkpointing(model, segments, policy, split_blocks=False):
     """Switch the model's block checkpointing to `segments` (None: off), as a user would."""
     if segments is None:
         model.gradient_checkpointing_disable()
+    elif split_blocks:
+        model.gradient_checkpointing_enable(segments=segments, policy=policy, split_blocks=True)
     else:
         model.gradient_checkpointing_enable(segments=segments, policy=policy)
 
@@ -234,36 +236,44 @@ def _strategies(config, fractions, with_selective):
     rows = [("none", None), ("every layer", "every"), ("sqrt(n)", "sqrt")]
     rows += [(f"budget {round(f * 100)}%", ("budget", f)) for f in config.budgets]
     if with_selective:
-        rows.append(("selective", "selective"))
+        rows += [("selective", "selective"), ("selective, half blocks", "selective halves")]
     rows += [(f"budget {round(f * 100)}%", ("budget", f)) for f in fractions if f not in config.budgets]
     return rows
 
 
 def _segments_for(how, n, costs, after):
-    """(segments, policy, plan or None) for a strategy; ValueError if a budget cannot be met.
+    """(segments, policy, plan or None, split_blocks) for a strategy; ValueError if a budget cannot be met.
 
     A budget is a fraction of the no-checkpoint peak of the blocks and what
     the model saves behind them (`after`: the head and the loss), which the
     planner is told about.
     """
     if how is None:
-        return None, None, None
-    if how == "selective":
-        return "every", policies.selective_attention, None
+        return None, None, None, False
+    if how in ("selective", "selective halves"):
+        return "every", policies.selective_attention, None, how == "selective halves"
     if isinstance(how, tuple):  # ("budget", fraction of the no-checkpoint peak)
         budget = int(how[1] * predict(costs, [(0, n, False)], after)[0])
         plan = plan_checkpoints(costs, budget, after_bytes=after)
-        return plan, None, plan
-    return how, None, None
+        return plan, None, plan, False
+    return how, None, None, False
 
 
-def _predicted_chain(how, n, segments, block_input, block_held, before, after, selective_kept=0, selective_extra=0):
-    """The analytic activation peak of a chain strategy (activations.chain_peak)."""
+def _predicted_chain(how, n, segments, block_input, block_held, before, after, selective_kept=(),
+                     selective_extra=0, sublayer_held=()):
+    """The analytic activation peak of a chain strategy (activations.chain_peak).
+
+    selective_kept, sublayer_held: per half of a block (attention, feed-forward).
+    """
+    if how == "selective halves":  # the chain is 2n halves, each keeping its Linear outputs
+        n *= 2
+        inputs = [block_input + selective_kept[i % 2] for i in range(n)]
+        held = [sublayer_held[i % 2] + selective_extra // 2 for i in range(n)]
+    elif how == "selective":
+        inputs, held = [block_input + sum(selective_kept)] * n, [block_held + selective_extra] * n
+    else:
+        inputs, held = [block_input] * n, [block_held] * n
     bounds = [(0, n, False)] if segments is None else segment_bounds(n, segments)
-    inputs, held = [block_input] * n, [block_held] * n
-    if how == "selective":
-        inputs = [i + selective_kept for i in inputs]
-        held = [h + selective_extra for h in held]
     return activations.chain_peak(before, inputs, held, after, bounds)
 
 
@@ -286,17 +296,17 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
             row["fraction"] = how[1]
         progress(f"{workload} size {size}, {name}: memory")
         try:
-            segments, policy, plan = _segments_for(how, size, costs, formulas["after"])
+            segments, policy, plan, split = _segments_for(how, size, costs, formulas["after"])
         except ValueError:
             rows.append(_infeasible(row, how, size, costs, formulas["after"]))
             continue
-        checkpointing(model, segments, policy)
+        checkpointing(model, segments, policy, split)
         row.update(measure_memory(step, policy))
         row["predicted_activation_bytes"] = _predicted_chain(how, size, segments, **formulas)
         if plan is not None:
             row.update(plan=str(plan), planner_predicted_bytes=plan.peak_bytes)
         rows.append(row)
-        timed.append((row, lambda s=segments, p=policy: checkpointing(model, s, p), step))
+        timed.append((row, lambda s=segments, p=policy, h=split: checkpointing(model, s, p, h), step))
     time_in_turn(timed, config.repeats, progress, f"{workload} size {size}")
     checkpointing(model, None, None)
     return rows
@@ -333,7 +343,9 @@ def bench_w2(config, n_layer, progress, fractions=()):
     formulas = dict(
         block_input=F32 * s * b * h, block_held=activations.gpt_block(s, b, h, a, dropout),
         before=activations.gpt_embedding(s, b, h, dropout), after=activations.gpt_head(s, b, h, V),
-        selective_kept=activations.selective_kept(s, b, h), selective_extra=activations.selective_extra(s, b, h),
+        selective_kept=activations.selective_kept_sublayers(s, b, h), selective_extra=activations.selective_extra(s, b, h),
+        sublayer_held=(activations.gpt_attention_sublayer(s, b, h, a, dropout),
+                       activations.gpt_feed_forward_sublayer(s, b, h, dropout)),
     )
     return bench_chain(config, "W2", n_layer, model, lambda: model(idx, targets)[1], costs, formulas, progress, fractions)
 
@@ -684,7 +696,7 @@ def _count_rows(config):
     """How many rows the set measures (the progress counter's total)."""
     extra = len([f for f in config.tradeoff_fractions if f not in config.budgets])
     w1 = len(config.w1_depths) * (3 + len(config.budgets)) + extra
-    w2 = len(config.w2_blocks) * (4 + len(config.budgets)) + extra
+    w2 = len(config.w2_blocks) * (5 + len(config.budgets)) + extra
     return w1 + w2 + len(config.w3_splits)
 
 

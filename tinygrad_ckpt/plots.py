@@ -31,7 +31,8 @@ COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#8172b
 CATEGORIES = tuple(COLOURS)
 # One colour and marker per strategy, the same in every picture; others get matplotlib's.
 STYLES = {"none": ("#1f77b4", "o"), "every layer": ("#ff7f0e", "^"), "sqrt(n)": ("#2ca02c", "D"),
-          "selective": ("#d62728", "P"), "budget 50%": ("#9467bd", "s"), "budget 25%": ("#8c564b", "v")}
+          "selective": ("#d62728", "P"), "selective, half blocks": ("#e377c2", "X"),
+          "budget 50%": ("#9467bd", "s"), "budget 25%": ("#8c564b", "v")}
 
 
 def _style(strategy):
@@ -141,7 +142,7 @@ def tradeoff(results):
     """Budget plans (a line through the budgets) and uniform schedules (markers): memory against time."""
     curves = results["tradeoff"]
     fig, axes = plt.subplots(1, max(len(curves), 1), figsize=(6 * max(len(curves), 1), 4.5), squeeze=False)
-    uniform_strategies = ("none", "every layer", "sqrt(n)", "selective")
+    uniform_strategies = ("none", "every layer", "sqrt(n)", "selective", "selective, half blocks")
     for ax, curve in zip(axes[0], curves):
         base = curve["baseline"]
         measured = [r for r in curve["rows"] if not r.get("infeasible")]

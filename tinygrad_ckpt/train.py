@@ -61,7 +61,7 @@ class TrainingArguments:
     per_device_eval_batch_size: int = 8  # examples per evaluation batch
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (1: no accumulation)
     gradient_checkpointing: bool = False  # recompute activations in backward: model.gradient_checkpointing_enable()
-    gradient_checkpointing_kwargs: dict = None  # passed to it: {"segments": "sqrt", "policy": "selective_attention"}
+    gradient_checkpointing_kwargs: dict = None  # passed to it, e.g. {"segments": "sqrt", "policy": "selective_attention"}
     learning_rate: float = 1e-3  # peak learning rate, after warmup
     weight_decay: float = 0.0  # AdamW: decoupled decay; SGD: added to the gradient
     adam_beta1: float = 0.9
@@ -116,11 +116,14 @@ class TrainingArguments:
         kwargs = self.gradient_checkpointing_kwargs
         if kwargs is None:
             return
-        if not isinstance(kwargs, dict) or not set(kwargs) <= {"segments", "policy"}:
+        if not isinstance(kwargs, dict) or not set(kwargs) <= {"segments", "policy", "split_blocks"}:
             raise ValueError(
-                f"gradient_checkpointing_kwargs must be a dict with the keys 'segments' and/or 'policy' "
-                f"(model.gradient_checkpointing_enable's arguments), got {kwargs!r}"
+                f"gradient_checkpointing_kwargs must be a dict with some of the keys 'segments', 'policy' and "
+                f"'split_blocks' (model.gradient_checkpointing_enable's arguments), got {kwargs!r}"
             )
+        if not isinstance(kwargs.get("split_blocks", False), bool):
+            raise ValueError(f"gradient_checkpointing_kwargs['split_blocks'] must be true or false, "
+                             f"got {kwargs['split_blocks']!r}")
         if not self.gradient_checkpointing:
             raise ValueError("gradient_checkpointing_kwargs is set but gradient_checkpointing is False; "
                              "set gradient_checkpointing=True to use them")

@@ -17,7 +17,11 @@ stream's variance does not grow with depth.
 
 `model.gradient_checkpointing_enable()` (Hugging Face's name) makes forward
 run the blocks through checkpoint_sequential: each block (by default) keeps
-only its input, (B, T, C), and is recomputed in backward.
+only its input, (B, T, C), and is recomputed in backward. With
+split_blocks=True the chain is the blocks' halves instead (attention, then
+feed-forward, each with its residual add): a recompute then holds half a
+block's inside at a time, which lowers the peak, most of all with a
+selective policy, whose block recompute would otherwise hold both halves.
 
 What does not live here: the layers (layers.py), checkpointing (checkpoint.py),
 the training loop (train.py).
@@ -116,9 +120,15 @@ class TransformerBlock(Module):
         self.mlp = FeedForward(config, rng=rng, dtype=dtype, device=device)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        return self.feed_forward_sublayer(self.attention_sublayer(x))
+
+    def attention_sublayer(self, x):
+        """The first half: x + attn(ln_1(x))."""
+        return x + self.attn(self.ln_1(x))
+
+    def feed_forward_sublayer(self, x):
+        """The second half: x + mlp(ln_2(x))."""
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(Module):
@@ -145,17 +155,27 @@ class GPT(Module):
             self.lm_head.weight = self.wte.weight
         self.checkpoint_segments = None  # set by gradient_checkpointing_enable
         self.checkpoint_policy = None
+        self.checkpoint_split_blocks = False
 
-    def gradient_checkpointing_enable(self, segments="every", policy=None):
+    def gradient_checkpointing_enable(self, segments="every", policy=None, split_blocks=False):
         """Checkpoint the blocks: segments 'every' (one per block), 'sqrt', an int,
         boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
         policies.py, a callable or a name (policies.selective_attention,
-        'selective_attention', recomputes only the attention core and the elementwise ops)."""
-        segment_bounds(len(self.blocks), segments)  # a bad value fails here, not in forward
+        'selective_attention', recomputes only the attention core and the elementwise ops).
+        split_blocks: the chain is the blocks' halves (2 n_layer of them; segments count halves)."""
+        self.checkpoint_split_blocks = bool(split_blocks)
+        segment_bounds(len(self.checkpoint_chain()), segments)  # a bad value fails here, not in forward
         self.checkpoint_segments, self.checkpoint_policy = segments, policies.resolve(policy)
 
     def gradient_checkpointing_disable(self):
         self.checkpoint_segments = self.checkpoint_policy = None
+        self.checkpoint_split_blocks = False
+
+    def checkpoint_chain(self):
+        """The layers checkpoint_sequential runs: the blocks, or their halves with split_blocks."""
+        if not self.checkpoint_split_blocks:
+            return list(self.blocks)
+        return [half for block in self.blocks for half in (block.attention_sublayer, block.feed_forward_sublayer)]
 
     def forward(self, idx, targets=None):
         """idx, targets: integer (B, T) (arrays or Tensors); targets of -100 are ignored.
@@ -171,7 +191,8 @@ class GPT(Module):
         pos_emb = self.wpe(pos)  # (T, C), broadcast over the batch
         x = self.drop(tok_emb + pos_emb)  # (B, T, C)
         if self.checkpoint_segments is not None:
-            x = checkpoint_sequential(self.blocks, self.checkpoint_segments, x, policy=self.checkpoint_policy)
+            x = checkpoint_sequential(self.checkpoint_chain(), self.checkpoint_segments, x,
+                                      policy=self.checkpoint_policy)
         else:
             for block in self.blocks:
                 x = block(x)  # (B, T, C)
