@@ -463,6 +463,7 @@ def test_bad_segments_are_clear_errors():
     assert len(gpt.checkpoint_chain()) == 4
     with pytest.raises(ValueError, match=r"number of layers \(2\), got 4"):
         gpt.gradient_checkpointing_enable(4)
+    assert gpt.checkpoint_split_blocks and gpt.checkpoint_segments == 4  # a refused call changed nothing
     gpt.gradient_checkpointing_disable()
     assert len(gpt.checkpoint_chain()) == 2
 

@@ -163,9 +163,11 @@ class GPT(Module):
         policies.py, a callable or a name (policies.selective_attention,
         'selective_attention', recomputes only the attention core and the elementwise ops).
         split_blocks: the chain is the blocks' halves (2 n_layer of them; segments count halves)."""
+        layers = len(self.blocks) * (2 if split_blocks else 1)
+        segment_bounds(layers, segments)  # a bad value fails here, not in forward
+        policy = policies.resolve(policy)
+        self.checkpoint_segments, self.checkpoint_policy = segments, policy
         self.checkpoint_split_blocks = bool(split_blocks)
-        segment_bounds(len(self.checkpoint_chain()), segments)  # a bad value fails here, not in forward
-        self.checkpoint_segments, self.checkpoint_policy = segments, policies.resolve(policy)
 
     def gradient_checkpointing_disable(self):
         self.checkpoint_segments = self.checkpoint_policy = None
