@@ -120,15 +120,17 @@ class TransformerBlock(Module):
         self.mlp = FeedForward(config, rng=rng, dtype=dtype, device=device)
 
     def forward(self, x):
-        return self.feed_forward_sublayer(self.attention_sublayer(x))
+        x = self.attention_sublayer(x)  # x + attn(ln_1(x))
+        x = self.feed_forward_sublayer(x)  # x + mlp(ln_2(x))
+        return x
 
+    # The two halves are methods of their own so that checkpointing can cut
+    # a block between them (GPT.gradient_checkpointing_enable(split_blocks=True)).
     def attention_sublayer(self, x):
-        """The first half: x + attn(ln_1(x))."""
-        return x + self.attn(self.ln_1(x))
+        return x + self.attn(self.ln_1(x))  # (B, T, C)
 
     def feed_forward_sublayer(self, x):
-        """The second half: x + mlp(ln_2(x))."""
-        return x + self.mlp(self.ln_2(x))
+        return x + self.mlp(self.ln_2(x))  # (B, T, C)
 
 
 class GPT(Module):
