@@ -326,6 +326,76 @@ def minimum_budget(costs, nested=True, after_bytes=0):
     return least
 
 
+# -- the single-level planner's dynamic programming ---------------------------------
+def _cost_units(costs):
+    """Forward times as integers (1e-9 of the total): sums of the same layers compare equal."""
+    total = sum(c.seconds for c in costs) or 1.0
+    return [round(c.seconds / total * 1e9) for c in costs]
+
+
+def _best_plan(costs, budget, units, after_bytes=0):
+    """Segments minimising (recompute units, then peak) with peak <= budget, or None.
+
+    Forward dynamic programming over positions 0..n. A state at position i is
+    (P, C, M, segment, parent): bytes held by the segments so far, their
+    recompute cost, the highest recompute peak so far; at the end, the peak
+    is max(P + after_bytes, M). The future depends
+    only on P, so a state is dropped when another has P no larger and
+    (C, M) no larger in lexicographic order; what is left at each position is
+    a staircase with at most one state per distinct P.
+    """
+    n = len(costs)
+    held, cost = [0], [0]
+    for c, u in zip(costs, units):
+        held.append(held[-1] + c.held_bytes)
+        cost.append(cost[-1] + u)
+    states = [[] for _ in range(n + 1)]
+    states[0] = [(0, 0, 0, None, None)]
+    for i in range(n):
+        first = costs[i]
+        for state in _prune(states[i]):
+            P, C, M = state[0], state[1], state[2]
+            if P + first.held_bytes <= budget:  # store layer i
+                states[i + 1].append((P + first.held_bytes, C, M, (i, i + 1, False), state))
+            if P + first.input_bytes > budget:
+                continue
+            base = P + first.input_bytes - (first.input_bytes if first.saves_input else 0)
+            for j in range(i + 1, n + 1):  # checkpoint layers[i:j]
+                peak = base + held[j] - held[i]
+                if peak > budget:
+                    break  # longer segments only hold more
+                states[j].append((P + first.input_bytes, C + cost[j] - cost[i], max(M, peak), (i, j, True), state))
+    final = [s for s in _prune(states[n]) if max(s[0] + after_bytes, s[2]) <= budget]
+    if not final:
+        return None
+    return _segments(min(final, key=lambda s: (s[1], max(s[0] + after_bytes, s[2]))))
+
+
+def _prune(states):
+    """The staircase: keep a state only if no state with P as small has (C, M) as small."""
+    kept = []
+    for s in sorted(states, key=lambda s: (s[0], s[1], s[2])):
+        if not kept or (s[1], s[2]) < (kept[-1][1], kept[-1][2]):
+            kept.append(s)
+    return kept
+
+
+def _segments(state):
+    """Follow the parents back; merge neighbouring stored layers into one segment."""
+    out = []
+    while state[3] is not None:
+        out.append(state[3])
+        state = state[4]
+    out.reverse()
+    merged = []
+    for a, b, c in out:
+        if merged and not c and not merged[-1][2]:
+            merged[-1] = (merged[-1][0], b, False)
+        else:
+            merged.append((a, b, c))
+    return merged
+
+
 # -- nested plans: revolve -----------------------------------------------------------
 def revolve(n, slots):
     """Griewank's binomial schedule for n equal layers as a nested plan.
@@ -402,72 +472,3 @@ def _revolve_segments(start, stop, slots, table):
         start += k
     segments.append((start, stop, False))  # the last layer, stored
     return segments
-
-
-def _cost_units(costs):
-    """Forward times as integers (1e-9 of the total): sums of the same layers compare equal."""
-    total = sum(c.seconds for c in costs) or 1.0
-    return [round(c.seconds / total * 1e9) for c in costs]
-
-
-def _best_plan(costs, budget, units, after_bytes=0):
-    """Segments minimising (recompute units, then peak) with peak <= budget, or None.
-
-    Forward dynamic programming over positions 0..n. A state at position i is
-    (P, C, M, segment, parent): bytes held by the segments so far, their
-    recompute cost, the highest recompute peak so far; at the end, the peak
-    is max(P + after_bytes, M). The future depends
-    only on P, so a state is dropped when another has P no larger and
-    (C, M) no larger in lexicographic order; what is left at each position is
-    a staircase with at most one state per distinct P.
-    """
-    n = len(costs)
-    held, cost = [0], [0]
-    for c, u in zip(costs, units):
-        held.append(held[-1] + c.held_bytes)
-        cost.append(cost[-1] + u)
-    states = [[] for _ in range(n + 1)]
-    states[0] = [(0, 0, 0, None, None)]
-    for i in range(n):
-        first = costs[i]
-        for state in _prune(states[i]):
-            P, C, M = state[0], state[1], state[2]
-            if P + first.held_bytes <= budget:  # store layer i
-                states[i + 1].append((P + first.held_bytes, C, M, (i, i + 1, False), state))
-            if P + first.input_bytes > budget:
-                continue
-            base = P + first.input_bytes - (first.input_bytes if first.saves_input else 0)
-            for j in range(i + 1, n + 1):  # checkpoint layers[i:j]
-                peak = base + held[j] - held[i]
-                if peak > budget:
-                    break  # longer segments only hold more
-                states[j].append((P + first.input_bytes, C + cost[j] - cost[i], max(M, peak), (i, j, True), state))
-    final = [s for s in _prune(states[n]) if max(s[0] + after_bytes, s[2]) <= budget]
-    if not final:
-        return None
-    return _segments(min(final, key=lambda s: (s[1], max(s[0] + after_bytes, s[2]))))
-
-
-def _prune(states):
-    """The staircase: keep a state only if no state with P as small has (C, M) as small."""
-    kept = []
-    for s in sorted(states, key=lambda s: (s[0], s[1], s[2])):
-        if not kept or (s[1], s[2]) < (kept[-1][1], kept[-1][2]):
-            kept.append(s)
-    return kept
-
-
-def _segments(state):
-    """Follow the parents back; merge neighbouring stored layers into one segment."""
-    out = []
-    while state[3] is not None:
-        out.append(state[3])
-        state = state[4]
-    out.reverse()
-    merged = []
-    for a, b, c in out:
-        if merged and not c and not merged[-1][2]:
-            merged[-1] = (merged[-1][0], b, False)
-        else:
-            merged.append((a, b, c))
-    return merged
