@@ -107,6 +107,14 @@ def _gelu_tanh(x, tanh, c):
     return c(0.5) * x * (c(1.0) + tanh(c(0.7978845608028654) * (x + c(0.044715) * (x * x * x))))
 
 
+def _layer_norm(np, x, w, b, c):
+    """LayerNorm over the last axis, eps 1e-5, written once for the NumPy-style peers (np: their array module)."""
+    mu = np.mean(x, axis=-1, keepdims=True)
+    xc = x - mu
+    var = np.mean(xc * xc, axis=-1, keepdims=True)
+    return xc / np.sqrt(var + c(1e-5)) * w + b
+
+
 # -- libraries whose parameters carry their own .grad (this engine, PyTorch) -----------
 class _GradOnParams:
     """backward, loss and gradients for a library whose tensors have .backward() and .grad."""
@@ -293,11 +301,7 @@ class Autograd:
         return h
 
     def _layer_norm(self, x, w, b):
-        np = self.np
-        mu = np.mean(x, axis=-1, keepdims=True)
-        xc = x - mu
-        var = np.mean(xc * xc, axis=-1, keepdims=True)
-        return xc / np.sqrt(var + self._c(1e-5)) * w + b
+        return _layer_norm(self.np, x, w, b, self._c)
 
     def _gpt_segment(self, first, masks):
         """The blocks first, first + 1, ... as a function of (x, their parameter lists)."""
@@ -421,11 +425,7 @@ class Mygrad:
         return x * (keep * self._c(1.0 / (1.0 - self.dropout)))
 
     def _layer_norm(self, x, w, b):
-        mg = self.mg
-        mu = mg.mean(x, axis=-1, keepdims=True)
-        xc = x - mu
-        var = mg.mean(xc * xc, axis=-1, keepdims=True)
-        return xc / mg.sqrt(var + self._c(1e-5)) * w + b
+        return _layer_norm(self.mg, x, w, b, self._c)
 
     def forward(self):
         if self.bounds is not None:

@@ -91,7 +91,7 @@ def resolve(policy):
     Names let a policy be given where only plain data fits: a command line,
     TrainingArguments.gradient_checkpointing_kwargs (saved with a run).
     """
-    if policy is None or (callable(policy) and not isinstance(policy, str)):
+    if policy is None or callable(policy):
         return policy
     if isinstance(policy, str) and policy in BY_NAME:
         return BY_NAME[policy]

@@ -136,7 +136,7 @@ class TrainingArguments:
             )
         policies.resolve(policy)  # an unknown name fails here, with the names it could be
         segments = kwargs.get("segments", "every")
-        if not (isinstance(segments, (str, int)) or isinstance(segments, list)) or isinstance(segments, bool):
+        if not isinstance(segments, (str, int, list)) or isinstance(segments, bool):
             raise ValueError(
                 f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of "
                 f"boundaries, got {segments!r}"
