@@ -1,0 +1,185 @@
+"""What the tutorials say other libraries do, shown on the library itself; and this engine's side.
+
+Tutorials 5 and 6 compare this engine's checkpointing with PyTorch's
+`torch.utils.checkpoint` (the text names torch 2.13.0, the version these
+tests were written against). Each claim about PyTorch is a test here that
+runs PyTorch and skips, saying so, where it is not installed; each place
+where the text says this engine differs has a test of this engine's side,
+which needs nothing but the package.
+"""
+
+import functools
+import warnings
+
+import numpy
+import pytest
+
+import tinygrad_ckpt.functional as F
+from tinygrad_ckpt import Tensor, nn
+from tinygrad_ckpt.checkpoint import checkpoint, checkpoint_sequential
+
+TORCH_DESCRIBED = "2.13"  # the version the tutorials' text describes
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch", reason="PyTorch is not installed: its side of the comparison is not shown")
+
+
+def torch_checkpoint(torch):
+    from torch.utils.checkpoint import checkpoint as ckpt
+
+    return ckpt
+
+
+class CallCounter:
+    """Wraps a layer; counts how often its forward runs (forward and recomputes alike)."""
+
+    def __init__(self, layer):
+        self.layer, self.calls = layer, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return self.layer(x)
+
+
+# -- parameters inside a segment whose input needs no gradient ---------------------
+def test_torch_reentrant_checkpoint_gives_parameters_no_gradient_when_no_input_requires_grad(torch):
+    ckpt = torch_checkpoint(torch)
+    layer = torch.nn.Linear(4, 3)
+    batch = torch.randn(5, 4)  # data: requires no gradient
+    with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
+        out = ckpt(layer, batch, use_reentrant=True)
+    assert not out.requires_grad  # nothing to backpropagate: the weight gets no gradient
+    assert layer.weight.grad is None
+    out = ckpt(layer, batch, use_reentrant=False)
+    out.sum().backward()
+    assert layer.weight.grad is not None
+
+
+def test_ours_gives_parameters_their_gradient_when_no_input_requires_grad():
+    layer = nn.Linear(4, 3, dtype=numpy.float64, rng=numpy.random.default_rng(0))
+    batch = Tensor(numpy.random.default_rng(1).standard_normal((5, 4)))
+    checkpoint(layer, batch).sum().backward()
+    layer_plain = nn.Linear(4, 3, dtype=numpy.float64, rng=numpy.random.default_rng(0))
+    layer_plain(batch).sum().backward()
+    numpy.testing.assert_array_equal(layer.weight.grad.numpy(), layer_plain.weight.grad.numpy())
+
+
+# -- what only the non-reentrant implementation supports ----------------------------
+def test_torch_reentrant_checkpoint_refuses_keyword_arguments_and_autograd_grad(torch):
+    ckpt = torch_checkpoint(torch)
+    x = torch.randn(3, requires_grad=True)
+
+    def scaled(x, scale=1.0):
+        return x * scale
+
+    with pytest.raises(ValueError, match="Unexpected keyword arguments: scale"):
+        ckpt(scaled, x, scale=2.0, use_reentrant=True)
+    out = ckpt(torch.sin, x, use_reentrant=True)
+    with pytest.raises(RuntimeError, match=r"use_reentrant=True.*incompatible with \.grad\(\)"):
+        torch.autograd.grad(out.sum(), x)
+    # The non-reentrant implementation does both.
+    assert torch.equal(ckpt(scaled, x, scale=2.0, use_reentrant=False), x * 2.0)
+    (grad,) = torch.autograd.grad(ckpt(torch.sin, x, use_reentrant=False).sum(), x)
+    assert torch.allclose(grad, torch.cos(x))
+
+
+def test_torch_non_reentrant_checkpoint_stops_the_recompute_early(torch):
+    """early_stop: the recompute ends once every saved tensor is rebuilt; the rest never runs."""
+    ckpt = torch_checkpoint(torch)
+    for early_stop, runs_of_tail in ((True, 1), (False, 2)):
+        calls = []
+
+        def segment(x):
+            y = x.exp()  # saves its output: the last thing backward needs
+            calls.append("tail")  # runs after it: skipped in an early-stopped recompute
+            return y + 1
+
+        ckpt(segment, torch.randn(3, requires_grad=True), use_reentrant=False, early_stop=early_stop).sum().backward()
+        assert calls == ["tail"] * runs_of_tail
+
+
+def test_torch_default_is_reentrant_with_a_warning(torch):
+    if not torch.__version__.startswith(TORCH_DESCRIBED):
+        pytest.skip(f"the text describes torch {TORCH_DESCRIBED}'s default; torch {torch.__version__} is installed")
+    ckpt = torch_checkpoint(torch)
+    layer = torch.nn.Linear(4, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = ckpt(layer, torch.randn(5, 4))  # use_reentrant not passed
+    assert any("use_reentrant parameter should be passed explicitly" in str(w.message) for w in caught)
+    assert not out.requires_grad  # the reentrant behaviour, as in the first test
+
+
+# -- selective checkpointing: PyTorch's counterpart of a policy ---------------------
+def test_torch_selective_checkpoint_context_keeps_the_named_op(torch):
+    from torch.utils._python_dispatch import TorchDispatchMode  # sees every op that actually runs
+
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    class OpsRun(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    ckpt = torch_checkpoint(torch)
+    keep_exp = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.exp.default])
+    recomputed_exp = {}
+    for name, options in (("full recompute", {}), ("exp kept", {"context_fn": keep_exp})):
+        x = torch.randn(5, requires_grad=True)
+        out = ckpt(lambda x: x.exp().sigmoid(), x, use_reentrant=False, **options)
+        with OpsRun() as ops:
+            out.sum().backward()
+        recomputed_exp[name] = ops.names.count("aten.exp.default")
+    assert recomputed_exp == {"full recompute": 1, "exp kept": 0}
+    with pytest.raises(ValueError, match="only supported when use_reentrant=False"):
+        ckpt(torch.sin, torch.randn(3, requires_grad=True), use_reentrant=True, context_fn=keep_exp)
+
+
+# -- BatchNorm's running statistics under checkpoint --------------------------------
+def test_torch_updates_batchnorm_running_statistics_twice_under_checkpoint(torch):
+    ckpt = torch_checkpoint(torch)
+    x = torch.randn(8, 4)
+    for use_reentrant in (True, False):
+        plain, checkpointed = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
+        plain(x.clone().requires_grad_()).sum().backward()
+        ckpt(checkpointed, x.clone().requires_grad_(), use_reentrant=use_reentrant).sum().backward()
+        assert plain.num_batches_tracked.item() == 1
+        assert checkpointed.num_batches_tracked.item() == 2  # the forward, then the recompute
+        twice = torch.nn.BatchNorm1d(4)
+        twice(x), twice(x)  # two plain updates with the same batch
+        assert torch.allclose(checkpointed.running_mean, twice.running_mean)
+        assert not torch.allclose(checkpointed.running_mean, plain.running_mean)
+
+
+def test_ours_updates_batchnorm_running_statistics_once_under_checkpoint():
+    x = Tensor(numpy.random.default_rng(0).standard_normal((8, 4)) * 3 + 1, requires_grad=True)
+    plain, checkpointed = nn.BatchNorm1d(4, dtype=numpy.float64), nn.BatchNorm1d(4, dtype=numpy.float64)
+    plain(x).sum().backward()
+    checkpoint(checkpointed, x).sum().backward()
+    for name in ("running_mean", "running_var"):
+        numpy.testing.assert_allclose(getattr(checkpointed, name).numpy(), getattr(plain, name).numpy(), rtol=1e-12)
+    assert not numpy.allclose(plain.running_mean.numpy(), 0.0)  # it did move, once
+
+
+# -- checkpoint_sequential: the last segment ----------------------------------------
+def test_torch_checkpoint_sequential_runs_its_last_segment_without_checkpoint(torch):
+    from torch.utils.checkpoint import checkpoint_sequential as torch_checkpoint_sequential
+
+    layers = [CallCounter(torch.nn.Linear(3, 3)) for _ in range(4)]
+    out = torch_checkpoint_sequential(layers, 2, torch.randn(2, 3, requires_grad=True), use_reentrant=False)
+    out.sum().backward()
+    assert [layer.calls for layer in layers] == [2, 2, 1, 1]  # segment [0:2] recomputed, [2:4] not
+
+
+def test_ours_checkpoints_every_segment_including_the_last():
+    init = numpy.random.default_rng(0)
+    layers = [CallCounter(nn.Linear(3, 3, dtype=numpy.float64, rng=init)) for _ in range(4)]
+    x = Tensor(numpy.random.default_rng(1).standard_normal((2, 3)), requires_grad=True)
+    F.mse_loss(checkpoint_sequential(layers, 2, x), Tensor(numpy.zeros((2, 3)))).backward()
+    assert [layer.calls for layer in layers] == [2, 2, 2, 2]
