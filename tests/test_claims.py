@@ -1,8 +1,8 @@
 """What the tutorials say other libraries do, shown on the library itself; and this engine's side.
 
-Tutorials 5 and 6 compare this engine's checkpointing with PyTorch's
-`torch.utils.checkpoint` (the text names torch 2.13.0, the version these
-tests were written against). Each claim about PyTorch is a test here that
+Tutorial 5's last section compares this engine's checkpointing with
+PyTorch's `torch.utils.checkpoint` (the text names torch 2.13.0, the version
+these tests were written against). Each claim about PyTorch is a test here that
 runs PyTorch and skips, saying so, where it is not installed; each place
 where the text says this engine differs has a test of this engine's side,
 which needs nothing but the package.
