@@ -78,7 +78,7 @@ import time
 from dataclasses import dataclass
 
 from . import backend, memory, tape
-from .saved import op_flops
+from .ops.flops import op_flops
 from .tensor import Tensor
 
 
@@ -92,7 +92,7 @@ class LayerCost:
     saves_input: bool  # whether it also keeps its input's buffer
     output_bytes: int
     seconds: float = 1.0  # forward time: what recomputing it costs
-    flops: int = 0  # forward FLOPs, counted from shapes (saved.op_flops)
+    flops: int = 0  # forward FLOPs, counted from shapes (ops/flops.py)
 
     @property
     def held_bytes(self):
