@@ -32,8 +32,9 @@ import time
 import numpy
 
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, backend, memory, nn, policies, schedules, strict_cupy
+from tinygrad_ckpt import Tensor, backend, memory, nn, policies, schedules
 from tinygrad_ckpt.checkpoint import checkpoint_sequential
+from tinygrad_ckpt.testing import strict_cupy
 
 # -- configuration: the reference workloads (float32) ---------------------------------
 W1 = {"depths": (8, 16, 32, 64), "width": 1024, "batch": 256}

@@ -14,13 +14,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tinygrad_ckpt import Tensor, backend, memory, nn, policies, random, strict_cupy, tape
+from tinygrad_ckpt import Tensor, backend, memory, nn, policies, random, tape
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt.checkpoint import checkpoint, checkpoint_sequential, is_recomputing
 from tinygrad_ckpt.nn.mlp import MLP
 from tinygrad_ckpt.nn.transformer import GPT, GPTConfig
 from tinygrad_ckpt.ops import matmul
 from tinygrad_ckpt.schedules import revolve
+from tinygrad_ckpt.testing import strict_cupy
 
 F64 = numpy.float64
 RTOL64, ATOL64 = 1e-12, 1e-14

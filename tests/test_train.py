@@ -269,7 +269,8 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
 
 def test_training_on_a_device_never_copies_to_the_host_behind_our_back(tmp_path):
     """The Trainer on device 'cuda' backed by the strict CuPy stand-in: every transfer is explicit."""
-    from tinygrad_ckpt import backend, strict_cupy
+    from tinygrad_ckpt import backend
+    from tinygrad_ckpt.testing import strict_cupy
 
     previous = backend.set_cuda_module(strict_cupy)
     try:
