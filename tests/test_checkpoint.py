@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tinygrad_ckpt import Tensor, backend, memory, nn, policies, random, tape
+from tinygrad_ckpt import Tensor, memory, nn, policies, random, tape
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt.checkpoint import checkpoint, checkpoint_sequential, is_recomputing
 from tinygrad_ckpt.nn.mlp import MLP
