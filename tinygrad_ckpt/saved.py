@@ -4,9 +4,20 @@ Like JAX's `jax.ad_checkpoint.print_saved_residuals`: run a function on its
 inputs and list, record by record, every array an op kept with
 `ctx.save_for_backward` (shape, dtype, bytes), and the total.
 
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor, nn
+    >>> model = nn.Sequential(nn.Linear(4, 3, rng=numpy.random.default_rng(0)), nn.GELU())
+    >>> x = Tensor(numpy.ones((2, 4), dtype=numpy.float32))
     >>> report = saved_activations(lambda x: model(x).sum(), x)
-    >>> print(report)                      # the table
     >>> report.total                       # activation bytes, as memory.py counts them
+    56
+    >>> print(report)                      # the table
+    saved for backward by <lambda>:
+      #  op      slot  shape   dtype    bytes  charged  note
+      0  Linear  0     (2, 4)  float32  32 B   32 B     input
+      1  GELU    0     (2, 3)  float32  24 B   24 B
+    total: 56 B (56 bytes) in 2 saved arrays; memory.py measured 56 B of activations
+    recomputed in backward: nothing (forward: 114 FLOP)
 
 Bytes are counted the way memory.py counts them, so the report's total is
 the rise in `memory.current()["activations"]` that the forward causes (the
