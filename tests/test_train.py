@@ -156,9 +156,9 @@ def test_same_examples_and_same_updates_however_the_effective_batch_is_split(opt
         runs[B, G] = data.reads, [e["loss"] for e in history], [p.numpy() for p in model.parameters()]
     reads, losses, params = runs[8, 1]
     assert len(reads) == 6 * 8 - 7  # the fourth step of an epoch has one example
-    for key, (r, l, p) in runs.items():
+    for key, (r, run_losses, p) in runs.items():
         assert r == reads, key  # the same examples, in the same optimizer steps
-        numpy.testing.assert_allclose(l, losses, rtol=1e-10, atol=1e-10)
+        numpy.testing.assert_allclose(run_losses, losses, rtol=1e-10, atol=1e-10)
         for a, b in zip(p, params):
             numpy.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
     assert losses[-1] < losses[0]  # and it learns something
