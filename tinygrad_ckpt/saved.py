@@ -40,8 +40,14 @@ the leaves' `.grad`, as any backward does; zero them before training on.
 FLOPs are counted from shapes by `op_flops` (ops/flops.py, beside the ops;
 also importable from here): for comparing costs, not for predicting time.
 
+Why this sits beside the techniques and not among the instruments (bench/):
+it is the tape made visible, a tool a learner calls on a function of their
+own (as JAX users call print_saved_residuals) to see what a policy or a
+checkpoint changes, and the tutorials teach with it. The bench measures
+through memory.py, not through this report.
+
 What does not live here: the accounting itself (memory.py), the analytic
-formulas for whole layers (activations.py).
+formulas for whole layers (activations.py), an op's FLOP count (ops/flops.py).
 """
 
 from dataclasses import dataclass

@@ -49,7 +49,7 @@ def add_arguments(parser):
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes, for the tests
     parser.add_argument("--compare", action="store_true",
                         help="instead: W1 and W2 in this engine and in PyTorch, HIPS autograd and mygrad, "
-                             "those installed (pip install 'tinygrad_ckpt[compare]'; torch separately); see compare.py")
+                             "those installed (pip install 'tinygrad_ckpt[compare]'; torch separately); see tinygrad_ckpt/bench/compare.py")
 
 
 def run(args):
