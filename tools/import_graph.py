@@ -1,6 +1,6 @@
 """Draw the package's floors and the imports between its modules: tools/import_graph.png.
 
-    python tools/import_graph.py          # needs grimp (with import-linter) and matplotlib
+    python tools/import_graph.py          # Python 3.11+ (tomllib); grimp (with import-linter), matplotlib
 
 The floors are read from the import-linter contract in pyproject.toml (the
 one the tests check), the imports from the source by grimp, the graph
