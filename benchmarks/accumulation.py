@@ -21,16 +21,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
 
 from dataclasses import replace  # noqa: E402
 
-from tinygrad_ckpt import bench  # noqa: E402
+from tinygrad_ckpt.bench import strategies, workloads  # noqa: E402
 
-# -- configuration (WORKLOADS.md, W3) -------------------------------------------
-CONFIG = replace(bench.FULL, w3_blocks=4, w3_effective_batch=32,
-                 w3_splits=((32, 1), (16, 2), (8, 4), (4, 8), (2, 16)), repeats=5)
+# -- configuration: W3 as tinygrad_ckpt/bench/workloads.py defines it ---------------
+CONFIG = replace(strategies.FULL, sizes=replace(workloads.FULL, w3=workloads.W3), repeats=5)
 
 
 def main():
-    rows = bench.bench_w3(CONFIG, lambda what: print(what, flush=True))
-    print(bench.table(rows, "W3: accumulation (micro-batch x steps)", "blocks", {rows[0]["size"]: rows[0]},
+    rows = strategies.bench_w3(CONFIG, lambda what, count=True: print(what, flush=True))
+    print(strategies.table(rows, "W3: accumulation (micro-batch x steps)", "blocks", {rows[0]["size"]: rows[0]},
                       ("max grad diff", lambda r: f"{r['max_grad_difference']:.1e}")))
 
 

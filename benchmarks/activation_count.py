@@ -22,12 +22,15 @@ import numpy  # noqa: E402
 
 from tinygrad_ckpt import Tensor, activations, memory  # noqa: E402
 from tinygrad_ckpt import functional as F  # noqa: E402
+from tinygrad_ckpt.bench import workloads  # noqa: E402
 from tinygrad_ckpt.nn.mlp import MLP  # noqa: E402
 from tinygrad_ckpt.nn.transformer import GPT, GPTConfig, TransformerBlock  # noqa: E402
 
-# -- configuration (WORKLOADS.md) ----------------------------------------------
-W1_WIDTH, W1_BATCH, W1_DEPTHS = 1024, 256, (8, 16, 32, 64)
-W2_D_MODEL, W2_HEADS, W2_SEQ, W2_BATCH, W2_VOCAB, W2_BLOCKS = 256, 4, 128, 8, 256, (2, 4, 8)
+# -- configuration: the reference sizes (tinygrad_ckpt/bench/workloads.py) ----------
+W1, W2 = workloads.W1, workloads.W2
+W1_WIDTH, W1_BATCH, W1_DEPTHS = W1.width, W1.batch, workloads.W1_DEPTHS
+W2_D_MODEL, W2_HEADS, W2_SEQ, W2_BATCH, W2_VOCAB, W2_BLOCKS = (W2.n_embd, W2.n_head, W2.seq, W2.batch, W2.vocab,
+                                                               workloads.W2_BLOCKS)
 
 
 def saved_by(forward):
@@ -68,7 +71,6 @@ def main():
         model = MLP(W1_WIDTH, W1_WIDTH, W1_WIDTH, n_layers=depth, rng=rng)
         row(f"W1 model, depth {depth}", activations.mlp(depth, W1_BATCH, W1_WIDTH),
             saved_by(lambda: F.mse_loss(model(x.detach()), y)), "", "")
-        del model
 
 
 if __name__ == "__main__":

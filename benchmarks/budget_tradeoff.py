@@ -23,17 +23,17 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
 
 from dataclasses import replace  # noqa: E402
 
-from tinygrad_ckpt import bench  # noqa: E402
+from tinygrad_ckpt.bench import strategies  # noqa: E402
 
-# -- configuration (WORKLOADS.md, W1 and W2) --------------------------------------
-CONFIG = replace(bench.FULL, budgets=(), tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1))
+# -- configuration: W1 and W2 (tinygrad_ckpt/bench/workloads.py) at one size each ----------
+CONFIG = replace(strategies.FULL, budgets=(), tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1))
 W1_DEPTH, W2_BLOCKS = 32, 8
 
 
 def main():
     progress = lambda what, count=True: print(what, flush=True)  # noqa: E731
     rows, curves = [], []
-    for workload, size, run in (("W1", W1_DEPTH, bench.bench_w1), ("W2", W2_BLOCKS, bench.bench_w2)):
+    for workload, size, run in (("W1", W1_DEPTH, strategies.bench_w1), ("W2", W2_BLOCKS, strategies.bench_w2)):
         # none, every layer, sqrt(n) (and selective for W2), then a plan per budget, timed in the same rounds
         got = run(CONFIG, size, progress, fractions=CONFIG.tradeoff_fractions)
         uniform = [r for r in got if r.get("fraction") is None]
@@ -41,10 +41,10 @@ def main():
         rows += uniform
         baseline = next(r for r in uniform if r["strategy"] == "none")
         curves.append({"workload": workload, "size": size, "rows": curve, "baseline": baseline})
-        print(bench.table(uniform + curve, f"{workload}, size {size}", "size", {size: baseline},
+        print(strategies.table(uniform + curve, f"{workload}, size {size}", "size", {size: baseline},
                           ("plan", lambda r: r.get("plan", ""))))
     try:
-        from tinygrad_ckpt import plots
+        from tinygrad_ckpt.bench import plots
     except ImportError:
         print("no plot: matplotlib is not installed (pip install 'tinygrad_ckpt[plot]')")
         return

@@ -4,8 +4,8 @@ The same models, the same initial weights, float32, 2 threads each: step time
 (forward + backward), bytes saved for backward, and the step's peak memory,
 without checkpointing, with a checkpoint every layer (block), and with
 sqrt(n) segments. Every library's loss and gradients are first checked
-against ours in float64. See tinygrad_ckpt/compare.py for how each figure
-is measured.
+against ours in float64. See tinygrad_ckpt/bench/compare.py for how each
+figure is measured.
 
     pip install -e '.[compare]'                                    # autograd, mygrad, threadpoolctl
     pip install torch --index-url https://download.pytorch.org/whl/cpu   # PyTorch, CPU build
@@ -26,11 +26,10 @@ os.environ.setdefault("MKL_NUM_THREADS", "2")
 
 import argparse  # noqa: E402
 
-from tinygrad_ckpt import compare  # noqa: E402
+from tinygrad_ckpt.bench import compare, workloads  # noqa: E402
 
-# -- configuration (WORKLOADS.md, W1 and W2) -------------------------------------
-W1 = dict(n_layers=32, width=1024, batch=256)  # Linear(1024, 1024) + GELU(tanh) x 32, a final Linear; MSE
-W2 = dict(n_layer=4, n_embd=256, n_head=4, seq=128, batch=8, vocab=256, dropout=0.1)  # GPT; cross-entropy
+# -- configuration: W1 (32 layers) and W2 (4 blocks), tinygrad_ckpt/bench/workloads.py -------
+W1, W2 = workloads.W1, workloads.W2
 STRATEGIES = ("none", "every", "sqrt")
 REPEATS = 5  # timed steps per row, after one warm-up
 THREADS = 2

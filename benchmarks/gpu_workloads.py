@@ -21,25 +21,25 @@ name -> (segments, policy) for checkpoint_sequential over model.blocks.
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
+from dataclasses import asdict
 
 import numpy
 
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, backend, memory, nn, policies, schedules, strict_cupy
+from tinygrad_ckpt import Tensor, backend, memory, nn, policies, schedules
+from tinygrad_ckpt.bench import workloads
+from tinygrad_ckpt.bench.report import write_json
 from tinygrad_ckpt.checkpoint import checkpoint_sequential
+from tinygrad_ckpt.testing import strict_cupy
 
-# -- configuration: the reference workloads (float32) ---------------------------------
-W1 = {"depths": (8, 16, 32, 64), "width": 1024, "batch": 256}
-W2 = {"layers": (2, 4, 8), "d_model": 256, "heads": 4, "seq": 128, "batch": 8, "vocab": 256, "dropout": 0.1}
-QUICK_W1 = {"depths": (4, 8), "width": 64, "batch": 16}  # --quick: seconds on a CPU
-QUICK_W2 = {"layers": (2,), "d_model": 32, "heads": 4, "seq": 16, "batch": 2, "vocab": 64, "dropout": 0.1}
+# -- configuration: the reference workloads (tinygrad_ckpt/bench/workloads.py), float32 ------
+SIZES = workloads.FULL
+QUICK_SIZES = workloads.TINY  # --quick: seconds on a CPU
 REPEATS = 5
 BUDGETS = (0.5, 0.25)  # W1 planner budgets, fractions of the no-checkpoint activation peak
 
@@ -128,12 +128,11 @@ def measure(model, loss_fn, xp, repeats):
 
 
 # -- the workloads -----------------------------------------------------------------------
-def w1_model(depth, cfg, device):
+def w1_model(depth, sizes, device):
+    w1 = sizes.w1_at(depth)
     rng = numpy.random.default_rng(0)
-    width, batch = cfg["width"], cfg["batch"]
-    model = nn.MLP(width, width, width, n_layers=depth, device=device, rng=rng)
-    x = Tensor(rng.standard_normal((batch, width), dtype=numpy.float32), device=device)
-    target = Tensor(rng.standard_normal((batch, width), dtype=numpy.float32), device=device)
+    model = w1.model(rng, device=device)
+    x, target = (Tensor(a, device=device) for a in w1.data(rng))  # (batch, width) each
     return model, x, lambda: F.mse_loss(model(x), target)
 
 
@@ -150,12 +149,10 @@ def w1_strategies(blocks, x):
     return strategies
 
 
-def w2_model(n_layer, cfg, device):
-    config = nn.GPTConfig(block_size=cfg["seq"], vocab_size=cfg["vocab"], n_layer=n_layer, n_head=cfg["heads"],
-                          n_embd=cfg["d_model"], dropout=cfg["dropout"])
-    model = nn.GPT(config, rng=numpy.random.default_rng(0), device=device)
-    tokens = numpy.random.default_rng(1).integers(0, cfg["vocab"], size=(cfg["batch"], cfg["seq"] + 1))
-    idx, targets = tokens[:, :-1], tokens[:, 1:]  # next-token targets
+def w2_model(n_layer, sizes, device):
+    w2 = sizes.w2_at(n_layer)
+    model = w2.model(numpy.random.default_rng(0), device=device)
+    idx, targets = w2.data(numpy.random.default_rng(1))  # (batch, seq) token ids and next-token targets
     return model, lambda: model(idx, targets)[1]
 
 
@@ -169,8 +166,8 @@ def run(args):
     if args.device == "strict":
         backend.set_cuda_module(strict_cupy)
     xp = backend.module_for(device)  # a clear RuntimeError if there is no GPU
-    w1, w2 = (QUICK_W1, QUICK_W2) if args.quick else (W1, W2)
-    results = {"meta": machine(xp, args), "w1": W1 if not args.quick else QUICK_W1, "w2": w2, "rows": []}
+    sizes = QUICK_SIZES if args.quick else SIZES
+    results = {"meta": machine(xp, args), "sizes": asdict(sizes), "rows": []}
 
     def record(row):
         none = next((r for r in results["rows"] if r["workload"] == row["workload"]
@@ -182,8 +179,8 @@ def run(args):
         shown = {k: row[k] for k in ("median_s", "time_ratio_to_none", "peak_bytes", "pool_peak_above_start_bytes", "error") if k in row}
         print(row["workload"], row["size"], row["strategy"], shown, flush=True)
 
-    for depth in w1["depths"]:
-        model, x, loss_fn = w1_model(depth, w1, device)
+    for depth in sizes.w1_depths:
+        model, x, loss_fn = w1_model(depth, sizes, device)
         blocks = list(model.blocks)
         for name, (segments, policy) in w1_strategies(blocks, x).items():
             row = {"workload": "W1", "size": depth, "strategy": name}
@@ -194,8 +191,8 @@ def run(args):
                 row.update(measure(model, loss_fn, xp, args.repeats))
             record(row)
         del model, x, loss_fn, blocks
-    for n_layer in w2["layers"]:
-        model, loss_fn = w2_model(n_layer, w2, device)
+    for n_layer in sizes.w2_blocks:
+        model, loss_fn = w2_model(n_layer, sizes, device)
         blocks = list(model.blocks)
         for name, (segments, policy) in w2_strategies().items():
             use_strategy(model, blocks, segments, policy)
@@ -215,14 +212,6 @@ def machine(xp, args):
     else:
         meta["gpu"] = None  # the stand-in: times are NumPy's, not a GPU's
     return meta
-
-
-def write_json(path, obj):
-    """Atomically: a temporary file in the same folder, then os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def main(argv=None):

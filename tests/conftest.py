@@ -20,7 +20,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # -- every engine test on every array backend ------------------------------------
 # The modules in ENGINE_TESTS run once per backend (test ids end in [numpy],
 # [strict], [cupy]). 'numpy' is the plain CPU run. 'strict' installs the CPU
-# stand-in for CuPy (tinygrad_ckpt/strict_cupy.py) as device 'cuda' and makes
+# stand-in for CuPy (tinygrad_ckpt/testing/strict_cupy.py) as device 'cuda' and makes
 # 'cuda' the default device, so every tensor the tests make lives there and any
 # NumPy call on it inside the engine fails the test. 'cupy' does the same with
 # real CuPy where a GPU is present; elsewhere it is left out, and the header of
@@ -30,7 +30,8 @@ import functools  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tinygrad_ckpt import backend, strict_cupy  # noqa: E402
+from tinygrad_ckpt import backend  # noqa: E402
+from tinygrad_ckpt.testing import strict_cupy  # noqa: E402
 
 ENGINE_TESTS = {
     "test_ops.py", "test_tape.py", "test_errors.py", "test_nn.py", "test_optim.py",

@@ -74,7 +74,8 @@ class Recording:
 
 
 def equivalence(parallel, out, checkpointing):
-    from tinygrad_ckpt import backend, strict_cupy
+    from tinygrad_ckpt import backend
+    from tinygrad_ckpt.testing import strict_cupy
 
     backend.set_cuda_module(strict_cupy)
     runs = []  # (key, case, gradient checkpointing, device)

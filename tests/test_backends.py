@@ -14,7 +14,8 @@ import pytest
 
 import tinygrad_ckpt as tg
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, backend, memory, strict_cupy
+from tinygrad_ckpt import Tensor, backend, memory
+from tinygrad_ckpt.testing import strict_cupy
 from tinygrad_ckpt.function import Function
 
 from .conftest import cupy_unavailable_reason

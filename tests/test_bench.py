@@ -38,7 +38,7 @@ def test_bench_exits_cleanly_and_writes_json_and_markdown(tiny_run):
     assert (out / "bench.md").read_text().startswith("## tinygrad-ckpt bench (tiny set)")
     assert {r["workload"] for r in results["rows"]} == {"W1", "W2", "W3"}
     assert results["machine"]["cpu_count"] >= 1 and results["elapsed_seconds"] > 0
-    assert not [p for p in os.listdir(out) if p.startswith(".tmp-")]  # atomic writes left nothing behind
+    assert not [p for p in os.listdir(out) if p.startswith(".")]  # atomic writes left no temporary file behind
 
 
 def test_every_strategy_has_a_row(tiny_run):

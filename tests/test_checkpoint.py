@@ -14,13 +14,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tinygrad_ckpt import Tensor, backend, memory, nn, policies, random, strict_cupy, tape
+from tinygrad_ckpt import Tensor, memory, nn, policies, random, tape
 from tinygrad_ckpt import functional as F
-from tinygrad_ckpt.checkpoint import checkpoint, checkpoint_sequential, is_recomputing
+from tinygrad_ckpt.checkpoint import ChainCheckpointing, checkpoint, checkpoint_sequential, is_recomputing
 from tinygrad_ckpt.nn.mlp import MLP
 from tinygrad_ckpt.nn.transformer import GPT, GPTConfig
 from tinygrad_ckpt.ops import matmul
 from tinygrad_ckpt.schedules import revolve
+from tinygrad_ckpt.testing import strict_cupy
 
 F64 = numpy.float64
 RTOL64, ATOL64 = 1e-12, 1e-14
@@ -466,6 +467,64 @@ def test_bad_segments_are_clear_errors():
     assert gpt.checkpoint_split_blocks and gpt.checkpoint_segments == 4  # a refused call changed nothing
     gpt.gradient_checkpointing_disable()
     assert len(gpt.checkpoint_chain()) == 2
+
+
+
+# -- one switch for every chain of layers --------------------------------------------------
+def test_sequential_has_the_same_switch_as_the_models():
+    blocks, _ = chain(depth=6, width=5, p_drop=0.0)
+    model, x = nn.Sequential(*blocks), randn(3, 5, requires_grad=True)
+    assert isinstance(model, ChainCheckpointing) and isinstance(MLP(2, 2, 2, 1), ChainCheckpointing)
+    results, peaks = [], []
+    for segments in (None, "sqrt", "every"):
+        if segments is None:
+            model.gradient_checkpointing_disable()
+        else:
+            model.gradient_checkpointing_enable(segments)
+        zero(list(model.parameters()) + [x])
+        base = memory.current()["activations"]
+        with memory.timeline() as events:
+            (model(x) ** 2).sum().backward()
+        peaks.append(max(e["activations"] for e in events) - base)
+        results.append(grads(list(model.parameters()) + [x]))
+        assert any(e["phase"] == "recompute" for e in events) == (segments is not None)
+    assert_same_grads(results[1], results[0])
+    assert_same_grads(results[2], results[0])
+    assert peaks[1] < peaks[0] and peaks[2] < peaks[0]  # checkpointed: less held at once
+    with pytest.raises(ValueError, match=r"number of layers \(6\), got 7"):
+        model.gradient_checkpointing_enable(7)
+    assert model.checkpoint_segments == "every"  # a refused call changed nothing
+    with pytest.raises(ValueError, match="policy"):
+        model.gradient_checkpointing_enable("sqrt", policy="no such policy")
+    assert model.checkpoint_segments == "every" and model.checkpoint_policy is None
+
+
+def test_a_model_of_your_own_gets_the_switch_by_naming_its_chain():
+    class Tower(ChainCheckpointing, nn.Module):  # a user's model: two Linear layers with a Tanh between
+        def __init__(self):
+            super().__init__()
+            rng = numpy.random.default_rng(0)
+            self.a, self.b = nn.Linear(4, 4, dtype=F64, rng=rng), nn.Linear(4, 4, dtype=F64, rng=rng)
+
+        def checkpoint_chain(self):
+            return [self.a, lambda h: h.tanh(), self.b]
+
+        def forward(self, x):
+            return self.run_chain(x).sum()
+
+    tower, x = Tower(), randn(3, 4)
+    results = []
+    for segments in (None, [0, 2]):
+        zero(tower.parameters())
+        if segments is not None:
+            tower.gradient_checkpointing_enable(segments, policy="save_matmuls")
+        with memory.timeline() as events:
+            tower(x).backward()
+        results.append(grads(list(tower.parameters())))
+    assert_same_grads(results[1], results[0])
+    assert any(e["phase"] == "recompute" for e in events)
+    with pytest.raises(NotImplementedError, match="checkpoint_chain"):
+        type("NoChain", (ChainCheckpointing,), {})().gradient_checkpointing_enable()
 
 
 # -- memory of a deep chain --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The comparison with PyTorch, HIPS autograd and mygrad (compare.py), at a tiny size.
+"""The comparison with PyTorch, HIPS autograd and mygrad (bench/compare.py), at a tiny size.
 
 Each peer that is installed must compute the same loss and gradients as this
 engine, in float64 with dropout off, with and without checkpointing: that is
@@ -11,10 +11,10 @@ import importlib.util
 
 import pytest
 
-from tinygrad_ckpt import compare
+from tinygrad_ckpt.bench import compare, workloads
 from tinygrad_ckpt.schedules import segment_bounds
 
-TINY = compare.TINY
+TINY = {"W1": workloads.TINY.w1, "W2": workloads.TINY.w2}
 STRATEGIES = ("none", "every", "sqrt")
 
 
@@ -39,8 +39,8 @@ def test_segments_are_cut_where_checkpoint_sequential_cuts_them():
     # The peers' checkpointed segments must be ours, or the rows compare different things.
     for n in range(1, 70):
         for how in ("every", "sqrt"):
-            assert compare.segment_bounds(n, how) == [(a, b) for a, b, _ in segment_bounds(n, how)]
-    assert compare.segment_bounds(8, "none") is None
+            assert compare.segments(n, how) == segment_bounds(n, how)
+    assert compare.segments(8, "none") is None
 
 
 def test_a_missing_peer_is_reported_not_an_error(monkeypatch):

@@ -1,7 +1,7 @@
 """Device 'cuda' gives the CPU's gradients, moves nothing to the host, and counts memory as the device does.
 
 Every test runs twice, once per meaning of 'cuda':
-  [strict]  the CPU stand-in for CuPy (tinygrad_ckpt/strict_cupy.py): always
+  [strict]  the CPU stand-in for CuPy (tinygrad_ckpt/testing/strict_cupy.py): always
             runs, and proves a training step makes no device-to-host transfer
             (its transfer counter stays at zero until we read the gradients);
   [cupy]    real CuPy on a GPU: runs where one is present (benchmarks/gpu_check.sh
@@ -21,7 +21,8 @@ import numpy
 import pytest
 
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, backend, memory, nn, strict_cupy
+from tinygrad_ckpt import Tensor, backend, memory, nn
+from tinygrad_ckpt.testing import strict_cupy
 from tinygrad_ckpt.checkpoint import checkpoint
 
 from .conftest import cupy_unavailable_reason

@@ -156,9 +156,9 @@ def test_same_examples_and_same_updates_however_the_effective_batch_is_split(opt
         runs[B, G] = data.reads, [e["loss"] for e in history], [p.numpy() for p in model.parameters()]
     reads, losses, params = runs[8, 1]
     assert len(reads) == 6 * 8 - 7  # the fourth step of an epoch has one example
-    for key, (r, l, p) in runs.items():
+    for key, (r, run_losses, p) in runs.items():
         assert r == reads, key  # the same examples, in the same optimizer steps
-        numpy.testing.assert_allclose(l, losses, rtol=1e-10, atol=1e-10)
+        numpy.testing.assert_allclose(run_losses, losses, rtol=1e-10, atol=1e-10)
         for a, b in zip(p, params):
             numpy.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
     assert losses[-1] < losses[0]  # and it learns something
@@ -269,7 +269,8 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
 
 def test_training_on_a_device_never_copies_to_the_host_behind_our_back(tmp_path):
     """The Trainer on device 'cuda' backed by the strict CuPy stand-in: every transfer is explicit."""
-    from tinygrad_ckpt import backend, strict_cupy
+    from tinygrad_ckpt import backend
+    from tinygrad_ckpt.testing import strict_cupy
 
     previous = backend.set_cuda_module(strict_cupy)
     try:

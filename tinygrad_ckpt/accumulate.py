@@ -11,78 +11,47 @@ from .tensor import Tensor
 
 
 class GradientAccumulator:
-    """Train with a large batch that does not fit: add up the gradients of small ones.
-
-    You want an effective batch of 128 examples but only 16 fit in memory.
-    Run 8 micro-batches of 16, each forward then backward at once (so each
-    micro-batch's activations are freed before the next one starts), add
-    their gradients into buffers, and take one optimizer step with the total.
-    Done right, the step is the same as the step of the batch of 128.
+    """Gradients of micro-batches added into buffers, for one optimizer step with their mean.
 
         acc = GradientAccumulator(model.parameters(), gradient_accumulation_steps=8)
         for batch in micro_batches:
             logits, _ = model(batch["input_ids"])                  # (B, T, vocab)
             loss = F.cross_entropy(logits, batch["labels"], reduction="sum")
             loss.backward()                      # p.grad = d(sum of this micro-batch's losses)/dp
-            num_items = int((batch["labels"] != -100).sum())       # tokens that count
-            acc.accumulate(num_items)            # buffer += p.grad; p.grad = None; count items
+            acc.accumulate(int((batch["labels"] != -100).sum()))   # buffer += p.grad; count the items
             if acc.sync_gradients:               # this micro-batch ends a group: step now
                 acc.write_grads()                # p.grad = buffer / items in the whole group
                 clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 acc.zero_grad()                  # buffers to 0, counts to 0, p.grad = None
 
-    This is nanoGPT's loop (backward each micro-step, then clip, step, zero),
-    with the buffers made visible.
+    The contract: each micro-batch backpropagates the SUM of its per-item
+    losses and passes its item count to `accumulate`; `write_grads` divides
+    once, by the items of the whole group. The step is then the step of the
+    big batch's mean loss, whatever the micro-batch sizes (averaging each
+    micro-batch and dividing by their number is not: tutorial 4, "The
+    pitfall: a mean of means", tutorials/04_gradient_accumulation.md).
 
-    The normalisation, which is the part that is easy to get wrong. The
-    big-batch loss is the mean over all N items (samples, or tokens whose
-    label is not ignored) of the effective batch:
+    A short last group: pass `end_of_data=True` with the data's last
+    micro-batch. The group ends there (`sync_gradients` is True) and
+    `write_grads` divides by that group's own item count: the step is the
+    exact mean over the items it has, a smaller batch, not a down-weighted
+    one. To drop a short group instead, call `zero_grad()` without stepping.
 
-        L = (1/N) * sum over all items of loss_i,    N = n_1 + ... + n_k
+    Buffers: one per parameter, allocated once here and zeroed in place by
+    every group, counted as "accumulation" in memory.py: one more
+    parameter-sized array than PyTorch, which adds into p.grad itself.
+    `dtype` gives them their own dtype (float64 buffers for float32
+    parameters measure the rounding a long float32 accumulation adds). When
+    a buffer has the parameter's dtype, `write_grads` divides it in place and
+    hands it over as p.grad: no third copy is made.
 
-    so the gradient to hand the optimizer is (sum of per-item gradients) / N.
-    That is why each micro-batch backpropagates the SUM of its per-item
-    losses (reduction="sum"), tells `accumulate` how many items it had, and
-    `write_grads` divides once, by the total. The common shortcut, averaging
-    each micro-batch (reduction="mean") and dividing by the number of
-    micro-batches k, computes
+    Data parallel training (distributed.py) fits between `accumulate` and
+    `write_grads`: sum `buffers` and `items` across processes once per
+    optimizer step, then every process divides by the global item count.
 
-        (1/k) * sum over micro-batches j of (1/n_j) * sum of loss_i in j
-
-    a "mean of means", which weights an item in a small micro-batch more than
-    one in a big micro-batch. It equals L only when every n_j is the same;
-    it is wrong for a short last batch, and for padded sequences, where the
-    number of non-ignored tokens differs from batch to batch.
-
-    The short last group. An epoch of 100 examples with micro-batches of 16
-    and gradient_accumulation_steps=2 makes groups of 32, 32, 32 and 4 examples.
-    The last group has one micro-batch (of 4) instead of two. Pass
-    `end_of_data=True` to `accumulate` for the last micro-batch of the data:
-    `sync_gradients` is then True, and the step taken with it is the exact mean
-    gradient over the items that group has (divided by its own count, 4), so
-    it is a smaller batch, not a down-weighted one. (Accelerate flushes the
-    last group silently at the end of the dataloader; with its usual loss /
-    gradient_accumulation_steps scaling that step is also scaled down by the
-    fraction of the group that was there.) If you would rather drop a short
-    last group, call `zero_grad()` instead of `write_grads()` and step.
-
-    Buffers. One per parameter, allocated once here and reused by every
-    group (zeroed in place), counted as "accumulation" in memory.py.
-    They may have their own `dtype`: float64 buffers for float32 parameters
-    let you measure how much rounding error a long float32 accumulation adds.
-    They cost one more gradient-sized array per parameter than PyTorch,
-    which adds into p.grad itself; here the buffer is a thing you can see.
-    When a buffer has the parameter's dtype, `write_grads` divides it in
-    place and hands it over as p.grad, so no third copy is made.
-
-    Data parallel training (several processes, each with its own
-    micro-batches) fits between `accumulate` and `write_grads`: sum
-    `buffers` and `items` across processes once per optimizer step, then
-    every process divides by the global item count.
-
-    Attributes you may read: `buffers` (list of arrays, one per parameter, in
-    the order of `parameters`), `items` and `micro_batches` (counted in the
+    Attributes you may read: `buffers` (one array per parameter, in the
+    order of `parameters`), `items` and `micro_batches` (counted in the
     current group), `sync_gradients` (did the last `accumulate` end a group).
     """
 

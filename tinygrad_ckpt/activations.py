@@ -20,6 +20,11 @@ and without dropout 64 sbh + 4 as^2 b + 16 sb + s^2 + 4, that is
 layer norms' per-row statistics, the causal mask and one scalar. The
 derivation is in `gpt_block`, line by line.
 
+Why this sits beside the techniques and not among the instruments (bench/):
+the formulas are the theory of what checkpointing saves, which tutorial 6
+teaches and the tests check against memory.py's count; the bench only
+prints them beside its measurements.
+
 What does not live here: measuring (memory.py, saved.py), the cost model a
 checkpoint planner uses for measured layers (schedules.py).
 """

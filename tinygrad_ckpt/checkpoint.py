@@ -50,6 +50,9 @@ Nesting: a checkpoint inside a checkpointed segment runs inline while the
 outer segment runs its forward (nothing is kept then anyway) and becomes a
 real checkpoint when the outer segment is recomputed.
 
+`ChainCheckpointing` (at the end) is the on/off switch a model that runs a
+chain of layers inherits: `model.gradient_checkpointing_enable()`.
+
 What does not live here: which segments to cut a chain into (schedules.py),
 which ops a policy keeps instead of recomputing (policies.py).
 """
@@ -399,3 +402,46 @@ class SegmentTape(tape.Tape):
                     "argument; its gradient would be lost. Pass it to checkpoint() as an argument."
                 )
         node.release_graph()  # keep no record: the segment's intermediates are freed as in no_grad
+
+
+# -- the switch of a model that runs a chain of layers ------------------------------
+class ChainCheckpointing:
+    """`gradient_checkpointing_enable` / `_disable` for a model whose forward runs a chain of layers.
+
+    One switch, Hugging Face's names, for every such model (MLP, GPT,
+    nn.Sequential): a subclass says what its chain is, `checkpoint_chain()`
+    (a list of callables, each the next one's input), and its forward runs it
+    with `self.run_chain(x)`: layer by layer, or through checkpoint_sequential
+    when checkpointing is on. The state is two attributes, None when off.
+    """
+
+    checkpoint_segments = None  # None: off; else what checkpoint_sequential takes (see enable)
+    checkpoint_policy = None  # a policy (policies.py), or None: recompute everything
+
+    def checkpoint_chain(self):
+        raise NotImplementedError(f"{type(self).__name__} must say which layers it chains: define checkpoint_chain()")
+
+    def gradient_checkpointing_enable(self, segments="every", policy=None):
+        """Checkpoint the chain: segments 'every' (one per layer), 'sqrt', an int,
+        boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
+        policies.py, a callable or a ready-made one's name. A bad value is an
+        error here, not in forward, and changes nothing."""
+        self._set_checkpointing(len(self.checkpoint_chain()), segments, policy)
+
+    def gradient_checkpointing_disable(self):
+        self.checkpoint_segments = self.checkpoint_policy = None
+
+    def _set_checkpointing(self, n_layers, segments, policy):
+        """Check segments (for a chain of n_layers) and policy, then switch on; nothing changes if either is bad."""
+        segment_bounds(n_layers, segments)
+        policy = policies.resolve(policy)
+        self.checkpoint_segments, self.checkpoint_policy = segments, policy
+
+    def run_chain(self, x):
+        """x through the chain: layer by layer, or checkpointed when the switch is on."""
+        layers = self.checkpoint_chain()
+        if self.checkpoint_segments is not None:
+            return checkpoint_sequential(layers, self.checkpoint_segments, x, policy=self.checkpoint_policy)
+        for layer in layers:
+            x = layer(x)
+        return x

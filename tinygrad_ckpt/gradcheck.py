@@ -7,6 +7,13 @@ For each input element x_i, the central difference
 approximates d f / d x_i with error O(eps^2). `gradcheck` compares that,
 for a random projection of the output, with what backward computes. Run it
 in float64: in float32 the rounding error of f swamps the difference.
+
+Why this sits in the package and not among the test aids (testing/):
+checking a gradient is what a user does to an op or a module of their own,
+as tutorial 1 shows (PyTorch has torch.autograd.gradcheck for the same use);
+the tests use it too.
+
+What does not live here: the ops whose derivatives it checks (ops/).
 """
 
 import numpy

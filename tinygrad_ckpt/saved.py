@@ -4,9 +4,20 @@ Like JAX's `jax.ad_checkpoint.print_saved_residuals`: run a function on its
 inputs and list, record by record, every array an op kept with
 `ctx.save_for_backward` (shape, dtype, bytes), and the total.
 
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor, nn
+    >>> model = nn.Sequential(nn.Linear(4, 3, rng=numpy.random.default_rng(0)), nn.GELU())
+    >>> x = Tensor(numpy.ones((2, 4), dtype=numpy.float32))
     >>> report = saved_activations(lambda x: model(x).sum(), x)
-    >>> print(report)                      # the table
     >>> report.total                       # activation bytes, as memory.py counts them
+    56
+    >>> print(report)                      # the table
+    saved for backward by <lambda>:
+      #  op      slot  shape   dtype    bytes  charged  note
+      0  Linear  0     (2, 4)  float32  32 B   32 B     input
+      1  GELU    0     (2, 3)  float32  24 B   24 B
+    total: 56 B (56 bytes) in 2 saved arrays; memory.py measured 56 B of activations
+    recomputed in backward: nothing (forward: 114 FLOP)
 
 Bytes are counted the way memory.py counts them, so the report's total is
 the rise in `memory.current()["activations"]` that the forward causes (the
@@ -26,61 +37,24 @@ puts two reports side by side: the arrays only one of them saves, and what
 the other pays in recomputation instead. The backward puts gradients into
 the leaves' `.grad`, as any backward does; zero them before training on.
 
-FLOPs are counted analytically from shapes (`op_flops`, below): a matmul
-(m, k) @ (k, n) is 2mnk, an elementwise op one FLOP per output element, and
-the fused nn ops a small constant per element, each counted from the op's
-forward formula. They are for comparing costs, not for predicting time.
+FLOPs are counted from shapes by `op_flops` (ops/flops.py, beside the ops;
+also importable from here): for comparing costs, not for predicting time.
+
+Why this sits beside the techniques and not among the instruments (bench/):
+it is the tape made visible, a tool a learner calls on a function of their
+own (as JAX users call print_saved_residuals) to see what a policy or a
+checkpoint changes, and the tutorials teach with it. The bench measures
+through memory.py, not through this report.
 
 What does not live here: the accounting itself (memory.py), the analytic
-formulas for whole layers (activations.py).
+formulas for whole layers (activations.py), an op's FLOP count (ops/flops.py).
 """
 
 from dataclasses import dataclass
 
 from . import backend, memory, tape
+from .ops.flops import op_flops  # the report prices what a checkpoint recomputes
 from .tensor import Tensor
-
-# -- FLOPs of one op, from shapes --------------------------------------------
-# FLOPs per output element of the elementwise-like ops, from their forward
-# formulas in ops/ (a transcendental such as exp or tanh counts as one):
-#   GELU        x*x*x, *0.044715, +x, *sqrt(2/pi), tanh, +1, 0.5*x, *   -> 9
-#   Dropout     x * mask, * 1/(1-p)                                      -> 2
-#   Softmax     max, subtract, exp, sum, divide        (per input element) -> 5
-#   LogSoftmax  max, subtract, exp, sum, subtract      (per input element) -> 5
-#   CrossEntropy as LogSoftmax on the logits                               -> 5
-#   LayerNorm   mean, subtract, square, mean, *rstd, *weight, +bias        -> 7
-# Movement ops (Reshape, Permute, GetItem, Cat, Stack, ToDevice) copy or
-# view memory and count 0; reductions count one FLOP per input element. A
-# Checkpoint record counts 0: the ops of its segment are counted themselves.
-PER_ELEMENT = {"GELU": 9, "Dropout": 2}
-PER_INPUT_ELEMENT = {"Softmax": 5, "LogSoftmax": 5, "CrossEntropy": 5, "LayerNorm": 7, "Sum": 1, "Mean": 1, "Max": 1}
-MOVEMENT = {"Reshape", "Permute", "GetItem", "Cat", "Stack", "ToDevice", "Checkpoint"}
-
-
-def _size(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def op_flops(op, input_shapes, output_shapes):
-    """Forward FLOPs of one run of `op` (its class name) with these array shapes.
-
-    MatMul (..., m, k) @ (..., k, n): 2 * m * n * k per batch entry.
-    Linear x (..., k), weight (n, k): 2 * k per output element, + 1 with a bias.
-    Everything else: a constant per element (table above); 1 by default.
-    """
-    out = sum(_size(s) for s in output_shapes)
-    if op in MOVEMENT:
-        return 0
-    if op == "MatMul":
-        return 2 * out * input_shapes[0][-1]
-    if op == "Linear":
-        return 2 * out * input_shapes[0][-1] + (out if len(input_shapes) > 2 else 0)
-    if op in PER_INPUT_ELEMENT:
-        return PER_INPUT_ELEMENT[op] * _size(input_shapes[0])
-    return PER_ELEMENT.get(op, 1) * out
 
 
 # -- the report ------------------------------------------------------------------

@@ -1,76 +1,37 @@
 """Checkpoint schedules: where to cut a chain of layers into checkpointed segments.
 
 A chain of n layers, run by `checkpoint_sequential` (checkpoint.py). Each
-segment is either *stored* (run normally: its layers keep what they save
-until backward) or *checkpointed* (keeps only its input; recomputed once in
-backward; with a plan of its own, some of its layers are recomputed more
-than once: nested plans, below). Ways to choose:
+segment is either stored (run normally: its layers keep what they save until
+backward) or checkpointed (keeps only its input; recomputed in backward; with
+an inner plan of its own, some of its layers are recomputed more than once).
+The ways to choose, and where tutorial 5 (tutorials/05_gradient_checkpointing.md)
+explains each:
 
-  segments=k        k segments of nearly equal length.
-  segments='sqrt'   Chen et al. 2016: about sqrt(n) segments of sqrt(n)
-                    layers. For equal layers with activation a per layer,
-                    the peak is about sqrt(n) checkpoints plus one segment's
-                    interior, 2 sqrt(n) a instead of n a, for one extra forward.
-  plan_checkpoints  measured sizes and a memory budget in bytes -> the plan
-                    that recomputes least within the budget (dynamic
-                    programming over the chain, below). Layers need not be
-                    equal: in a transformer a block's input is small next to
-                    its interior (about 1 MiB against 18 MiB per block in the
-                    reference W2 workload), so the planner finds that cutting
-                    at every block beats sqrt(n) segments there.
-  revolve(n, slots) the nested plan that recomputes least with `slots`
-                    checkpoints held at once (for equal layers); the
-                    planner uses it below what single-level plans reach.
+  segments=k         k segments of nearly equal length (`segment_bounds`).
+  segments='sqrt'    about sqrt(n) segments, Chen et al. 2016 ("Why sqrt(n)").
+  plan_checkpoints   measured layers (`measure_layers`) and a budget in bytes
+                     -> the plan that recomputes least within it, by dynamic
+                     programming over the chain ("A memory budget: the planner").
+  revolve(n, slots)  Griewank's nested plan for n equal layers with `slots`
+                     checkpoints held at once (Griewank & Walther 2000); the
+                     planner weighs these below what single-level plans reach
+                     ("Below one level: recompute twice (revolve)").
 
-The cost model (what `predict` computes; `measure_layers` supplies the sizes):
-for layer i, in_i = bytes of its input, held_i = bytes it keeps for backward
-when run normally (its input's buffer included if it saves it). Walking the
-plan, P = bytes held by the segments before the current one:
+The cost model, which `predict` computes and the planner minimises against:
+per layer, in_bytes (its input's buffer) and held_bytes (what it keeps for
+backward when run normally, its input included if it saves it). Walking the
+plan in forward order with P the bytes held so far, a stored segment adds
+its layers' held bytes to P; a checkpointed segment adds its input's bytes,
+and its recompute, during backward, holds P plus its layers' held bytes
+(or its inner plan's walk). The predicted peak is the largest of P at the
+end of the forward plus `after_bytes` (what the model saves behind the
+chain: its head and loss) and every recompute's peak. These are
+saved-activation bytes, the "activations" memory.py counts; `walk` states
+the rules exactly. A budget below the smallest peak of any plan is a
+ValueError that states that minimum (`minimum_budget`).
 
-  stored segment [a, b)         P += held_a + ... + held_{b-1}
-  checkpointed segment [a, b)   P += in_a  (the record saves its input), and
-                                during its backward the recompute holds
-                                P + in_a + held_a + ... + held_{b-1}
-                                (less in_a if layer a saves its input: the
-                                same buffer, counted once)
-  predicted peak = max(P at the end of the forward + after_bytes,
-                       every recompute's peak)
-
-where after_bytes is what the model saves behind the chain (its head and
-loss), held with the chain's bytes at the end of the forward and freed
-before backward reaches the chain.
-
-A nested segment's recompute is its inner plan's forward and backward,
-walked the same way from P + in_a (the inner plan's first checkpoint saves
-the very buffer the outer one saved, counted once); it costs the segment's
-forward plus the inner plan's own recompute.
-
-Backward walks the segments in reverse, so when segment j is recomputed the
-later ones have been freed and the earlier ones still hold their bytes.
-These are saved-activation bytes, the "activations" that memory.py counts.
-
-The planner minimises recompute cost (the forward time of every
-checkpointed layer, measured) subject to peak <= budget, then the peak:
-dynamic programming over positions, with a staircase of states (P, cost,
-peak so far) per position (see `_best_plan`).
-
-Nested plans (revolve). A single-level plan holds a checkpoint per segment
-and one segment's interior; below its smallest peak, some layers must be
-recomputed more than once. A checkpointed segment may carry a plan of its
-own, (start, stop, [inner segments]): while backward recomputes it, the
-inner plan runs, so its inner checkpoints keep only their inputs and are
-recomputed again in turn (checkpoint() nests). `revolve(n, slots)` builds
-such plans from Griewank's binomial schedule ("revolve", Griewank & Walther
-2000), optimal for equal layers: with `slots` checkpoints besides the
-chain's input, the peak is about (slots + 1) inputs and one layer's interior;
-the fewer the slots, the more often a layer is recomputed (with none, every
-layer is recomputed from the chain's input: n(n-1)/2 forwards; see
-`revolve_recomputations`). The planner prices
-every such plan with the measured sizes and times, and takes one where it
-beats the single-level plans: always below their minimum, rarely above it.
-A budget below the smallest peak of any plan is an error that states it.
-
-What does not live here: checkpointing itself (checkpoint.py).
+What does not live here: checkpointing itself (checkpoint.py), an op's
+FLOP count (ops/flops.py).
 """
 
 import math
@@ -78,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from . import backend, memory, tape
-from .saved import op_flops
+from .ops.flops import op_flops
 from .tensor import Tensor
 
 
@@ -92,7 +53,7 @@ class LayerCost:
     saves_input: bool  # whether it also keeps its input's buffer
     output_bytes: int
     seconds: float = 1.0  # forward time: what recomputing it costs
-    flops: int = 0  # forward FLOPs, counted from shapes (saved.op_flops)
+    flops: int = 0  # forward FLOPs, counted from shapes (ops/flops.py)
 
     @property
     def held_bytes(self):
@@ -255,10 +216,23 @@ def predict(costs, segments, after_bytes=0):
 
 
 def walk(costs, segments, P=0, input_held=False):
-    """Walk a plan as forward and backward run it (the cost model above).
+    """Walk a plan as forward and backward run it: the cost model.
 
-    P: bytes held before it; input_held: its first layer's input buffer is
-    among them already (an inner plan's, saved by the outer checkpoint).
+        stored segment [a, b)         P += held_a + ... + held_{b-1}
+        checkpointed segment [a, b)   P += in_a (the record saves its input);
+                                      its recompute holds
+                                      P + in_a + held_a + ... + held_{b-1}
+                                      (less in_a if layer a saves its input:
+                                      the same buffer, counted once)
+        nested segment [a, b)         P += in_a; its recompute is its inner
+                                      plan, walked from P + in_a with that
+                                      input counted already; it costs the
+                                      segment's forward plus the inner recompute
+
+    Backward walks the segments in reverse, so when a segment is recomputed
+    the later ones are freed and the earlier ones still hold their bytes.
+    P: bytes held before the plan; input_held: its first layer's input buffer
+    is among them already (an inner plan's, saved by the outer checkpoint).
     Returns (P at the end of its forward, the highest recompute peak,
     recompute seconds).
     """

@@ -8,9 +8,14 @@ each record the gradient of its outputs, and adds the gradients it returns
 into its inputs (added, never assigned: a tensor used twice gets both).
 Each record drops its saved arrays as soon as its backward has run.
 
-    >>> x = Tensor([1.0, 2.0], requires_grad=True)
-    >>> y = (x + x) * x
-    >>> print(active())          # the records, oldest first
+    >>> from tinygrad_ckpt import Tensor
+    >>> with recording(Tape()) as tape:
+    ...     x = Tensor([1.0, 2.0], requires_grad=True)
+    ...     y = (x + x) * x
+    >>> print(tape)              # the records, oldest first
+    Tape: 2 records, 16 B of activations saved for backward
+      #0   Add              -> (2,)               saved 0 B
+      #1   Mul              -> (2,)               saved 16 B
 
 Lifetime, decided on purpose: the tape holds its records by *weak*
 reference, and a record is owned by the tensors it produced and by the

@@ -34,7 +34,7 @@ optimizers (optim.py), the file format (serialization.py), the data set
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
 import numpy

@@ -52,6 +52,8 @@ from sybil.parsers.markdown.codeblock import CodeBlockParser
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 from sybil.parsers.markdown.skip import SkipParser
 
+from tinygrad_ckpt.serialization import atomic_write
+
 HERE = Path(__file__).resolve().parent
 PATTERN = "[0-9][0-9]_*.md"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
@@ -179,9 +181,8 @@ def run(path, refresh=False):
         text = document.text
         for offset, length, new in sorted(edits, reverse=True):
             text = text[:offset] + new + text[offset + length:]
-        tmp = Path(path).with_suffix(".md.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        with atomic_write(path, "w") as f:  # the package's one atomic writer
+            f.write(text)
     return seconds
 
 

@@ -22,7 +22,7 @@ import numpy
 from .. import backend
 from .. import functional as F
 from .. import random
-from ..checkpoint import is_recomputing
+from ..checkpoint import ChainCheckpointing, is_recomputing
 from ..tensor import Tensor
 from .module import Module, Parameter
 
@@ -238,8 +238,11 @@ class ModuleList(Module):
         raise NotImplementedError("ModuleList has no forward: iterate over it, or use Sequential")
 
 
-class Sequential(ModuleList):
-    """Modules applied one after the other: forward(x) = m_n(...m_1(x))."""
+class Sequential(ChainCheckpointing, ModuleList):
+    """Modules applied one after the other: forward(x) = m_n(...m_1(x)).
+
+    gradient_checkpointing_enable(segments, policy) checkpoints them as a chain.
+    """
 
     def __init__(self, *modules):
         super().__init__(modules)
@@ -249,7 +252,9 @@ class Sequential(ModuleList):
             return Sequential(*self.layers[index])
         return self.layers[index]
 
+    def checkpoint_chain(self):
+        """The layers checkpointing cuts into segments: the modules, in order."""
+        return list(self.layers)
+
     def forward(self, x):
-        for module in self.layers:
-            x = module(x)
-        return x
+        return self.run_chain(x)  # one module after the other, checkpointed if switched on

@@ -1,6 +1,7 @@
 """A GPT (decoder-only transformer), written after nanoGPT's model.py.
 
-This is workload W2 (WORKLOADS.md). The pieces, from the inside out:
+The reference workload W2 is a stack of these (bench/workloads.py). The
+pieces, from the inside out:
 
     CausalSelfAttention  each position attends to itself and earlier positions
     FeedForward          Linear(C, 4C) -> GELU -> Linear(4C, C)
@@ -15,8 +16,9 @@ projections that write into the residual stream (attention's and the
 feed-forward's c_proj) N(0, (0.02 / sqrt(2 n_layer))^2), so the residual
 stream's variance does not grow with depth.
 
-`model.gradient_checkpointing_enable()` (Hugging Face's name) makes forward
-run the blocks through checkpoint_sequential: each block (by default) keeps
+`model.gradient_checkpointing_enable()` (Hugging Face's name; the switch is
+checkpoint.ChainCheckpointing) makes forward run the blocks through
+checkpoint_sequential: each block (by default) keeps
 only its input, (B, T, C), and is recomputed in backward. With
 split_blocks=True the chain is the blocks' halves instead (attention, then
 feed-forward, each with its residual add): a recompute then holds half a
@@ -32,10 +34,9 @@ from dataclasses import dataclass
 
 import numpy
 
-from .. import backend, policies, random
+from .. import backend, random
 from .. import functional as F
-from ..checkpoint import checkpoint_sequential
-from ..schedules import segment_bounds
+from ..checkpoint import ChainCheckpointing
 from ..tape import no_grad
 from ..tensor import Tensor
 from .layers import GELU, Dropout, Embedding, LayerNorm, Linear, Sequential
@@ -133,12 +134,14 @@ class TransformerBlock(Module):
         return x + self.mlp(self.ln_2(x))  # (B, T, C)
 
 
-class GPT(Module):
+class GPT(ChainCheckpointing, Module):
     """Token ids (B, T) -> next-token logits (B, T, vocab_size), and the loss if targets are given.
 
     `rng` draws the initial weights and, if given, the dropout masks (the
     package's default generator when None).
     """
+
+    checkpoint_split_blocks = False  # set by gradient_checkpointing_enable(split_blocks=True)
 
     def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
         super().__init__()
@@ -155,24 +158,19 @@ class GPT(Module):
             # One matrix both reads tokens in and scores them out; it is found
             # (and saved, and updated) once, under its first name, wte.weight.
             self.lm_head.weight = self.wte.weight
-        self.checkpoint_segments = None  # set by gradient_checkpointing_enable
-        self.checkpoint_policy = None
-        self.checkpoint_split_blocks = False
 
     def gradient_checkpointing_enable(self, segments="every", policy=None, split_blocks=False):
         """Checkpoint the blocks: segments 'every' (one per block), 'sqrt', an int,
         boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
         policies.py, a callable or a name (policies.selective_attention,
         'selective_attention', recomputes only the attention core and the elementwise ops).
-        split_blocks: the chain is the blocks' halves (2 n_layer of them; segments count halves)."""
-        layers = len(self.blocks) * (2 if split_blocks else 1)
-        segment_bounds(layers, segments)  # a bad value fails here, not in forward
-        policy = policies.resolve(policy)
-        self.checkpoint_segments, self.checkpoint_policy = segments, policy
+        split_blocks: the chain is the blocks' halves (2 n_layer of them; segments count halves).
+        A bad value is an error here, not in forward, and changes nothing."""
+        self._set_checkpointing(len(self.blocks) * (2 if split_blocks else 1), segments, policy)
         self.checkpoint_split_blocks = bool(split_blocks)
 
     def gradient_checkpointing_disable(self):
-        self.checkpoint_segments = self.checkpoint_policy = None
+        super().gradient_checkpointing_disable()
         self.checkpoint_split_blocks = False
 
     def checkpoint_chain(self):
@@ -194,12 +192,7 @@ class GPT(Module):
         tok_emb = self.wte(idx)  # (B, T, C)
         pos_emb = self.wpe(pos)  # (T, C), broadcast over the batch
         x = self.drop(tok_emb + pos_emb)  # (B, T, C)
-        if self.checkpoint_segments is not None:
-            x = checkpoint_sequential(self.checkpoint_chain(), self.checkpoint_segments, x,
-                                      policy=self.checkpoint_policy)
-        else:
-            for block in self.blocks:
-                x = block(x)  # (B, T, C)
+        x = self.run_chain(x)  # the blocks, checkpointed if switched on: (B, T, C)
         x = self.ln_f(x)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:

@@ -5,4 +5,5 @@
     movement.py     reshape permute getitem cat stack to-device
     matmul.py       batched matmul, linear
     nn.py           softmax log-softmax layer-norm cross-entropy dropout
+    flops.py        what each op costs: its forward FLOPs, from shapes
 """

@@ -5,7 +5,8 @@ promises to run on CuPy arrays without ever copying them to the host behind
 the user's back (each such copy makes the CPU wait for the GPU). Install
 this module as the 'cuda' array module,
 
-    from tinygrad_ckpt import backend, strict_cupy
+    from tinygrad_ckpt import backend
+    from tinygrad_ckpt.testing import strict_cupy
     backend.set_cuda_module(strict_cupy)
 
 and device='cuda' tensors hold `strict_cupy.ndarray`s: a NumPy array inside

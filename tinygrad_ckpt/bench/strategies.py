@@ -1,11 +1,7 @@
-"""`tinygrad-ckpt bench`: checkpointing and accumulation strategies, side by side, measured.
+"""The strategy bench: checkpointing and accumulation strategies, side by side, measured.
 
-    tinygrad-ckpt bench --quick                  # a smaller set: about a minute of CPU time
-    tinygrad-ckpt bench --output-dir bench-out   # the full set (it says how long it took)
-    tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad (compare.py)
-
-It runs the reference workloads (copied below from the project's
-WORKLOADS.md, so that figures can be compared across versions):
+What `tinygrad-ckpt bench` runs (command.py reads the flags and writes the
+files). On the reference workloads (workloads.py):
 
   W1  a deep MLP, a chain of Linear + GELU layers: checkpointing a chain
   W2  a GPT stack: checkpointing a transformer, and the selective policy
@@ -23,67 +19,43 @@ steps are timed. A row reports:
   * the step time as a ratio to the row's baseline (no checkpointing, or the
     unsplit batch) in the same run: the median of the timed steps. Absolute
     times are in the JSON only, next to the machine they were measured on;
-  * the recompute in FLOPs (saved.op_flops over the timeline's recompute
+  * the recompute in FLOPs (ops/flops.py over the timeline's recompute
     events), as the theoretical slowdown (3F + R) / 3F: a training step is
     about three forwards (backward of a matmul is two matmuls), and R is
     what checkpointing does again, at most one more forward F.
 
-Output, in --output-dir: bench.md (the tables printed on the terminal),
-bench.json (every figure, the machine, the threads), and PNG plots drawn by
-plots.py with matplotlib (the optional `plot` extra); without matplotlib
-the tables and JSON are still written, and the run says how to get plots.
+`collect(config, progress)` measures a set and returns every figure;
+`render(results)` makes the Markdown tables of them.
 
-Threads: BLAS reads its thread count when NumPy loads, before this module
-runs. With threadpoolctl installed, bench limits the BLAS pool to --threads
-itself (and reports what threadpoolctl says); without it, it reports the
-environment variables and asks for them to be set, as the scripts in
-benchmarks/ do before they import NumPy.
-
-What does not live here: drawing (plots.py), the formulas (activations.py),
-checkpointing (checkpoint.py, schedules.py, policies.py).
+What does not live here: the command and its files (command.py), the
+workloads' definitions (workloads.py), drawing (plots.py), the formulas
+(activations.py), checkpointing (checkpoint.py, schedules.py, policies.py).
 """
 
-import argparse
 import gc
-import json
-import os
-import platform
 import statistics
-import tempfile
 import time
 import tracemalloc
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy
 
-from . import activations, backend, memory, optim, policies, random
-from . import functional as F
-from .accumulate import GradientAccumulator
-from .nn.mlp import MLP
-from .nn.transformer import GPT, GPTConfig
-from .saved import op_flops
-from .schedules import measure_layers, minimum_budget, plan_checkpoints, predict, segment_bounds
-from .tensor import Tensor
+from .. import activations, backend, memory, optim, policies
+from .. import functional as F
+from ..accumulate import GradientAccumulator
+from ..ops.flops import op_flops
+from ..schedules import measure_layers, minimum_budget, plan_checkpoints, predict, segment_bounds
+from ..tensor import Tensor
+from . import workloads
+from .report import markdown_table, mib
 
 
-# -- the workloads (WORKLOADS.md), and the three sets this command runs ------------
-@dataclass
+# -- what one run measures ------------------------------------------------------------
+@dataclass(frozen=True)
 class BenchConfig:
-    """Which workloads, at which sizes."""
+    """Which sizes of the workloads (workloads.Sizes), and what else the bench measures at them."""
 
-    w1_depths: tuple  # W1: layers of Linear(width, width) + GELU, then a Linear head; MSE loss
-    w1_width: int
-    w1_batch: int
-    w2_blocks: tuple  # W2: pre-LN GPT blocks, causal attention, MLP 4x GELU; cross-entropy
-    w2_d_model: int
-    w2_heads: int
-    w2_seq: int
-    w2_batch: int
-    w2_vocab: int
-    w2_dropout: float
-    w3_blocks: int  # W3: the W2 model; one effective batch split into micro-batch x steps
-    w3_effective_batch: int
-    w3_splits: tuple
+    sizes: workloads.Sizes
     budgets: tuple  # budget-plan rows: fractions of the no-checkpoint activation peak
     tradeoff_w1_depth: int  # trade-off curves: budget plans over tradeoff_fractions
     tradeoff_w2_blocks: int
@@ -94,41 +66,21 @@ class BenchConfig:
 
 
 FULL = BenchConfig(
-    w1_depths=(8, 16, 32, 64), w1_width=1024, w1_batch=256,
-    w2_blocks=(2, 4, 8), w2_d_model=256, w2_heads=4, w2_seq=128, w2_batch=8, w2_vocab=256, w2_dropout=0.1,
-    w3_blocks=4, w3_effective_batch=32, w3_splits=((32, 1), (16, 2), (8, 4), (4, 8), (2, 16)),
-    budgets=(0.5, 0.25),
+    sizes=workloads.FULL, budgets=(0.5, 0.25),
     tradeoff_w1_depth=32, tradeoff_w2_blocks=8, tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2),
     timeline_w1_depth=16, timeline_w2_blocks=4,
 )
-# The same workloads at their smallest sizes: what the README shows.
 QUICK = BenchConfig(
-    w1_depths=(8, 16), w1_width=1024, w1_batch=256,
-    w2_blocks=(2,), w2_d_model=256, w2_heads=4, w2_seq=128, w2_batch=8, w2_vocab=256, w2_dropout=0.1,
-    w3_blocks=2, w3_effective_batch=32, w3_splits=((32, 1), (8, 4), (2, 16)),
-    budgets=(0.5, 0.25),
+    sizes=workloads.QUICK, budgets=(0.5, 0.25),
     tradeoff_w1_depth=16, tradeoff_w2_blocks=2, tradeoff_fractions=(0.75, 0.5),
     timeline_w1_depth=8, timeline_w2_blocks=2,
 )
-# Toy sizes for the test suite (--tiny, hidden): the figures mean nothing.
 TINY = BenchConfig(
-    w1_depths=(2, 4), w1_width=32, w1_batch=8,
-    w2_blocks=(2,), w2_d_model=16, w2_heads=2, w2_seq=8, w2_batch=2, w2_vocab=16, w2_dropout=0.1,
-    w3_blocks=2, w3_effective_batch=4, w3_splits=((4, 1), (2, 2), (1, 4)),
-    budgets=(0.5, 0.25),
+    sizes=workloads.TINY, budgets=(0.5, 0.25),
     tradeoff_w1_depth=4, tradeoff_w2_blocks=2, tradeoff_fractions=(0.75, 0.5),
     timeline_w1_depth=4, timeline_w2_blocks=2, repeats=2,
 )
-
-DESCRIPTION = """Measure checkpointing and accumulation strategies side by side on the reference
-workloads (W1 deep MLP, W2 GPT stack, W3 accumulation): peak memory by category,
-saved activations measured beside the analytic count, step time relative to no
-checkpointing. Prints Markdown tables; writes bench.json, bench.md and PNG plots.
-
-  tinygrad-ckpt bench --quick      the smaller set: about a minute of CPU time
-  tinygrad-ckpt bench              the full set (it says how long it took)
-  tinygrad-ckpt bench --compare    W1 and W2 beside PyTorch, HIPS autograd and mygrad
-                                   (those installed; writes compare.md, compare.json)"""
+SETS = {"full": FULL, "quick": QUICK, "tiny": TINY}
 
 LEARNING_RATE = 1e-4  # small: the step is measured, the model need not learn
 F32 = 4
@@ -314,32 +266,26 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
 
 def bench_w1(config, depth, progress, fractions=()):
     """W1 at one depth: a row per strategy (and per extra budget fraction)."""
-    b, h = config.w1_batch, config.w1_width
+    w1 = config.sizes.w1_at(depth)
+    b, h = w1.batch, w1.width
     rng = numpy.random.default_rng(0)
-    model = MLP(h, h, h, n_layers=depth, rng=rng)
-    x = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # (b, h)
-    y = Tensor(rng.standard_normal((b, h), dtype=numpy.float32))  # a fixed random target
+    model = w1.model(rng)
+    x, y = (Tensor(a) for a in w1.data(rng))  # (b, h) each: the batch and a fixed random target
     costs = measure_layers(list(model.blocks), x, cost="flops")  # for the budget planner: bytes and costs per layer
     # saved per layer 8bh, of which its input 4bh; the head's input and the loss's difference after
     formulas = dict(block_input=F32 * b * h, block_held=activations.mlp_layer(b, h), before=0, after=2 * F32 * b * h)
     return bench_chain(config, "W1", depth, model, lambda: F.mse_loss(model(x), y), costs, formulas, progress, fractions)
 
 
-def _w2_model(config, n_layer, rng):
-    gpt_config = GPTConfig(block_size=config.w2_seq, vocab_size=config.w2_vocab, n_layer=n_layer,
-                           n_head=config.w2_heads, n_embd=config.w2_d_model, dropout=config.w2_dropout)
-    return GPT(gpt_config, rng=rng)
-
-
 def bench_w2(config, n_layer, progress, fractions=()):
     """W2 with n_layer blocks: a row per strategy (and per extra budget fraction)."""
+    w2 = config.sizes.w2_at(n_layer)
     rng = numpy.random.default_rng(0)
-    model = _w2_model(config, n_layer, rng)
-    idx = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T) token ids
-    targets = rng.integers(0, config.w2_vocab, (config.w2_batch, config.w2_seq))  # (B, T)
+    model = w2.model(rng)
+    idx, targets = w2.data(rng)  # (B, T) token ids, and the next token of each
     costs = measure_layers(list(model.blocks), gpt_embed(model, idx), cost="flops")  # for the budget planner
-    s, b, h, a, V = config.w2_seq, config.w2_batch, config.w2_d_model, config.w2_heads, config.w2_vocab
-    dropout = config.w2_dropout > 0
+    s, b, h, a, V = w2.seq, w2.batch, w2.n_embd, w2.n_head, w2.vocab
+    dropout = w2.dropout > 0
     formulas = dict(
         block_input=F32 * s * b * h, block_held=activations.gpt_block(s, b, h, a, dropout),
         before=activations.gpt_embedding(s, b, h, dropout), after=activations.gpt_head(s, b, h, V),
@@ -361,11 +307,11 @@ def _infeasible(row, how, n, costs, after):
 # -- W3: accumulation --------------------------------------------------------------------
 def bench_w3(config, progress):
     """One effective batch, split into micro-batch x steps: a row per split, gradients compared."""
+    w3 = config.sizes.w3
     rng = numpy.random.default_rng(0)
-    model = _w2_model(config, config.w3_blocks, rng)
-    N, T = config.w3_effective_batch, config.w2_seq
-    idx = rng.integers(0, config.w2_vocab, (N, T))
-    targets = rng.integers(0, config.w2_vocab, (N, T))
+    model = w3.model.model(rng)
+    N, T = w3.effective_batch, w3.model.seq
+    idx, targets = w3.model.data(rng, batch=N)  # (N, T) each
     optimizer = optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     params = list(model.parameters())
     initial = [p.data.copy() for p in params]
@@ -397,11 +343,10 @@ def bench_w3(config, progress):
         return forward_backward, step, accumulator
 
     rows, reference = [], None
-    for micro, steps in config.w3_splits:
-        if micro * steps != N:
-            raise ValueError(f"W3 split {micro} x {steps} does not make the effective batch {N}")
+    for micro, steps in w3.splits:  # (micro x steps == N: workloads.Accumulation checks it)
         progress(f"W3 {micro} x {steps}: gradients and memory")
-        row = {"workload": "W3", "size": config.w3_blocks, "strategy": f"{micro} x {steps}", "micro_batch": micro, "steps": steps}
+        row = {"workload": "W3", "size": w3.model.n_layer, "strategy": f"{micro} x {steps}", "micro_batch": micro,
+               "steps": steps}
         forward_backward, step, accumulator = make_step(micro, steps)
         # Gradients equal across splits: at the initial weights, with dropout
         # off (eval mode: each split draws its masks in another order), on the
@@ -419,8 +364,9 @@ def bench_w3(config, progress):
         scale = max(float(numpy.abs(g).max()) for g in reference)
         row["max_grad_difference"] = max(float(numpy.abs(g - r).max()) for g, r in zip(grads, reference)) / scale
         row.update(measure_memory(step))  # only this split's buffers exist now
+        gpt = w3.model
         row["predicted_activation_bytes"] = activations.gpt(
-            config.w3_blocks, T, micro, config.w2_d_model, config.w2_heads, config.w2_vocab, config.w2_dropout > 0)
+            gpt.n_layer, T, micro, gpt.n_embd, gpt.n_head, gpt.vocab, gpt.dropout > 0)
         rows.append(row)
         del forward_backward, step, accumulator
     # Times: every split's buffers at once now (memory is not measured any more).
@@ -430,10 +376,6 @@ def bench_w3(config, progress):
 
 
 # -- tables ----------------------------------------------------------------------------
-def _mib(n):
-    return "—" if n is None else f"{n / 2**20:.1f}"
-
-
 def _ratio(row, baseline, key="step_seconds"):
     if baseline is None or row.get(key) is None or not baseline.get(key):
         return "—"
@@ -449,37 +391,39 @@ def table(rows, title, size_name, baselines, extra=None):
             "act peak MiB", "predicted", "step ×", "fwd+bwd ×", "cpu ×", "theory ×"]
     if extra:
         head.append(extra[0])
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells_of_rows = []
     for r in rows:
         base = baselines.get(r["size"])
         if r.get("infeasible"):
             cells = [str(r["size"]), r["strategy"], f"— ({r['note']})"] + [""] * (len(head) - 3)
         else:
-            cats = [_mib(r["peak_by_category"][c]) for c in CATEGORY_COLUMNS]
+            cats = [mib(r["peak_by_category"][c]) for c in CATEGORY_COLUMNS]
             theory = f"{r['theory_ratio']:.2f}" if r.get("theory_ratio") else "—"
-            cells = [str(r["size"]), r["strategy"], _mib(r["peak_bytes"]), *cats,
-                     _mib(r["activation_peak_bytes"]), _mib(r["predicted_activation_bytes"]),
+            cells = [str(r["size"]), r["strategy"], mib(r["peak_bytes"]), *cats,
+                     mib(r["activation_peak_bytes"]), mib(r["predicted_activation_bytes"]),
                      _ratio(r, base), _ratio(r, base, "forward_backward_seconds"),
                      _ratio(r, base, "step_cpu_seconds"), theory]
             if extra:
                 cells.append(extra[1](r))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        cells_of_rows.append(cells)
+    return "\n".join([f"### {title}", ""] + markdown_table(head, cells_of_rows))
 
 
 def summary(results):
-    """The seed's summary table: when accumulation and checkpointing are needed, with measured figures.
+    """The summary table: when accumulation and checkpointing are needed, with measured figures.
 
     For each workload at its largest size: what each strategy does to the
     peak of saved activations and to the step's whole peak (which also holds
-    parameters, gradients and optimizer state), and what it costs in time.
+    parameters, gradients and optimizer state), and what it costs in time,
+    beside what users are often told ("Training will be ~20% slower",
+    Hugging Face transformers' gradient checkpointing guide,
+    huggingface.co/docs/transformers/en/grad_checkpointing) and the FLOP count.
     """
-    lines = ["### When accumulation and checkpointing are needed (measured in this run)", "",
-             "| technique | saved activations, peak | whole step, peak | step time | CPU time | seed says | theory |",
-             "|---|---|---|---|---|---|---|"]
+    head = ["technique", "saved activations, peak", "whole step, peak", "step time", "CPU time", "often quoted", "theory"]
+    lines = []
 
     def change(base, row, key):
-        return f"{_mib(base[key])} → {_mib(row[key])} MiB ({row[key] / base[key] - 1:+.0%})"
+        return f"{mib(base[key])} → {mib(row[key])} MiB ({row[key] / base[key] - 1:+.0%})"
 
     def slower(base, row, key):
         return f"{row[key] / base[key] - 1:+.0%}" if row.get(key) and base.get(key) else "—"
@@ -493,24 +437,25 @@ def summary(results):
         for r in rows:
             if r["size"] != size or r["strategy"] == "none":
                 continue
-            lines.append(
-                f"| checkpointing {r['strategy']}, {workload} {size} {label} "
-                f"| {change(base, r, 'activation_peak_bytes')} | {change(base, r, 'peak_bytes')} "
-                f"| {slower(base, r, 'step_seconds')} (forward+backward {slower(base, r, 'forward_backward_seconds')}) "
-                f"| {slower(base, r, 'step_cpu_seconds')} "
-                f"| about +20% | {r['theory_ratio'] - 1:+.0%} (at most one extra forward: +33%) |"
-            )
+            lines.append([
+                f"checkpointing {r['strategy']}, {workload} {size} {label}",
+                change(base, r, "activation_peak_bytes"), change(base, r, "peak_bytes"),
+                f"{slower(base, r, 'step_seconds')} (forward+backward {slower(base, r, 'forward_backward_seconds')})",
+                slower(base, r, "step_cpu_seconds"),
+                "about +20%", f"{r['theory_ratio'] - 1:+.0%} (at most one extra forward: +33%)",
+            ])
     w3 = [r for r in results["rows"] if r["workload"] == "W3"]
     for r in w3[1:]:
         base = w3[0]
-        lines.append(
-            f"| accumulation {base['strategy']} → {r['strategy']}, W3 "
-            f"| {change(base, r, 'activation_peak_bytes')} "
-            f"| {change(base, r, 'peak_bytes')}, of which {_mib(r['peak_by_category']['accumulation'])} MiB buffers "
-            f"| {slower(base, r, 'step_seconds')} | {slower(base, r, 'step_cpu_seconds')} "
-            f"| keeps memory at micro-batch size | same FLOPs; activations ∝ micro-batch |"
-        )
-    return "\n".join(lines)
+        lines.append([
+            f"accumulation {base['strategy']} → {r['strategy']}, W3",
+            change(base, r, "activation_peak_bytes"),
+            f"{change(base, r, 'peak_bytes')}, of which {mib(r['peak_by_category']['accumulation'])} MiB buffers",
+            slower(base, r, "step_seconds"), slower(base, r, "step_cpu_seconds"),
+            "keeps memory at micro-batch size", "same FLOPs; activations ∝ micro-batch",
+        ])
+    return "\n".join(["### When accumulation and checkpointing are needed (measured in this run)", ""]
+                     + markdown_table(head, lines))
 
 
 def render(results):
@@ -530,9 +475,9 @@ def render(results):
         wrows = [r for r in rows if r["workload"] == workload]
         if not wrows:
             continue
-        c = results["config"]
-        title = title % ((c["w1_width"], c["w1_batch"]) if workload == "W1" else
-                         (c["w2_d_model"], c["w2_heads"], c["w2_seq"], c["w2_batch"]))
+        c = results["config"]["sizes"]
+        title = title % ((c["w1"]["width"], c["w1"]["batch"]) if workload == "W1" else
+                         (c["w2"]["n_embd"], c["w2"]["n_head"], c["w2"]["seq"], c["w2"]["batch"]))
         baselines = {r["size"]: r for r in wrows if r["strategy"] == "none"}
         out += [table(wrows, title, size_name, baselines), ""]
     for curve in results["tradeoff"]:
@@ -541,163 +486,20 @@ def render(results):
                       "size", baselines, ("plan", lambda r: r.get("plan", ""))), ""]
     w3 = [r for r in rows if r["workload"] == "W3"]
     if w3:
-        c = results["config"]
-        out += [table(w3, f"W3: accumulation, the W2 model with {c['w3_blocks']} blocks, effective batch "
-                      f"{c['w3_effective_batch']} (micro-batch x steps)", "blocks", {w3[0]["size"]: w3[0]},
+        c = results["config"]["sizes"]["w3"]
+        out += [table(w3, f"W3: accumulation, the W2 model with {c['model']['n_layer']} blocks, effective batch "
+                      f"{c['effective_batch']} (micro-batch x steps)", "blocks", {w3[0]["size"]: w3[0]},
                       ("max grad diff", lambda r: f"{r['max_grad_difference']:.1e}")), ""]
     out += [summary(results), ""]
     return "\n".join(out)
 
 
-# -- machine, threads, files ---------------------------------------------------------------
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        blas = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        blas = f"{blas.get('name')} {blas.get('version')}"
-    except Exception:  # older NumPy: no dict mode
-        blas = "unknown"
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": numpy.__version__, "blas": blas,
-            "description": f"{cpu}, {os.cpu_count()} CPUs, {platform.system()}, NumPy {numpy.__version__} ({blas})"}
-
-
-def _load():
-    """The 1-minute load average (None where the system does not say)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-
-
-def limit_threads(n):
-    """Limit BLAS to n threads if we can; returns (a context to run in, what we know of the threads)."""
-    from contextlib import nullcontext
-
-    env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    try:
-        from threadpoolctl import threadpool_info, threadpool_limits
-    except ImportError:
-        ok = env["OPENBLAS_NUM_THREADS"] == str(n) or env["OMP_NUM_THREADS"] == str(n)
-        summary = (f"{n} (from the environment)" if ok else
-                   f"not limited: BLAS uses its default (usually one per core: {os.cpu_count()} here); "
-                   f"set OMP_NUM_THREADS={n} OPENBLAS_NUM_THREADS={n} before running, or pip install threadpoolctl")
-        return nullcontext(), {"requested": n, "environment": env, "threadpoolctl": None, "summary": summary}
-    context = threadpool_limits(limits=n)
-    info = [{k: p.get(k) for k in ("internal_api", "num_threads", "version")} for p in threadpool_info()]
-    return context, {"requested": n, "environment": env, "threadpoolctl": info,
-                     "summary": f"{n} (threadpoolctl: " + ", ".join(f"{p['internal_api']} {p['num_threads']}" for p in info) + ")"}
-
-
-def write_atomic(path, text):
-    """Write text to path via a temporary file in the same folder and os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-# -- the command ----------------------------------------------------------------------------
-def add_arguments(parser):
-    parser.add_argument("--quick", action="store_true",
-                        help="a smaller set (W1 depth 8 and 16, W2 2 blocks, three W3 splits): about a minute of CPU time, "
-                             "under two minutes on 2 free cores")
-    parser.add_argument("--output-dir", default="bench-out", metavar="DIR",
-                        help="where bench.json, bench.md and the PNG plots go (default: bench-out)")
-    parser.add_argument("--threads", type=int, default=2, help="BLAS threads (default 2; see the notes printed)")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="timed steps per row, after one warm-up step (default 5; the median is reported)")
-    parser.add_argument("--no-plots", action="store_true", help="write the tables and JSON only")
-    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes, for the tests
-    parser.add_argument("--compare", action="store_true",
-                        help="instead: W1 and W2 in this engine and in PyTorch, HIPS autograd and mygrad, "
-                             "those installed (pip install 'tinygrad_ckpt[compare]'; torch separately); see compare.py")
-
-
-def run(args):
-    """Run the benchmark set, print the tables, write JSON, Markdown and plots."""
-    if args.compare:
-        from . import compare  # it imports the peers, and only those installed
-
-        return compare.run(args)
-    config = TINY if args.tiny else QUICK if args.quick else FULL
-    name = "tiny" if args.tiny else "quick" if args.quick else "full"
-    if args.repeats is not None:
-        if args.repeats < 1:
-            raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
-        config = BenchConfig(**{**asdict(config), "repeats": args.repeats})
-    if args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
-    os.makedirs(args.output_dir, exist_ok=True)
-    context, threads = limit_threads(args.threads)
-    load = _load()
-    if load is not None and load > (os.cpu_count() or 1) / 2:
-        print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
-              "slower and noisier than on a quiet machine. BLAS threads that find no free core wait on each "
-              "other (we measured single steps 10x slower that way); --threads 1 gives steadier ratios", flush=True)
-    total = _count_rows(config)
-    print(f"tinygrad-ckpt bench: {name} set, {total} rows, {config.repeats} timed steps each after one warm-up; "
-          f"BLAS threads: {threads['summary']}", flush=True)
-    start = time.perf_counter()
-    done = [0]
-
-    def progress(what, count=True):
-        done[0] += count
-        print(f"[{done[0]:>3}/{total}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
-
-    random.manual_seed(0)  # the dropout masks
-    with context:
-        results = collect(config, progress)
-    elapsed = time.perf_counter() - start
-    results.update({"set": name, "elapsed_seconds": elapsed, "machine": machine(), "threads": threads,
-                    "config": asdict(config), "load_average": {"start": load, "end": _load()}})
-    text = render(results)
-    print()
-    print(text)
-    json_path = os.path.join(args.output_dir, "bench.json")
-    write_atomic(json_path, json.dumps(results, indent=1, default=_json_default) + "\n")
-    write_atomic(os.path.join(args.output_dir, "bench.md"), text + "\n")
-    written = [json_path, os.path.join(args.output_dir, "bench.md")]
-    if args.no_plots:
-        print("plots: skipped (--no-plots)")
-    else:
-        try:
-            from . import plots
-        except ImportError as e:
-            print(f"plots: skipped, matplotlib is not installed ({e}); get them with "
-                  "`pip install 'tinygrad_ckpt[plot]'` and run bench again")
-        else:
-            written += plots.draw_all(results, args.output_dir)
-    print(f"wrote: {', '.join(written)}")
-    print(f"the {name} set took {elapsed:.0f} s ({elapsed / 60:.1f} min) on {results['machine']['description']}")
-    return 0
-
-
-def _json_default(x):
-    if isinstance(x, (numpy.integer,)):
-        return int(x)
-    if isinstance(x, (numpy.floating,)):
-        return float(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def _count_rows(config):
+def count_rows(config):
     """How many rows the set measures (the progress counter's total)."""
     extra = len([f for f in config.tradeoff_fractions if f not in config.budgets])
-    w1 = len(config.w1_depths) * (3 + len(config.budgets)) + extra
-    w2 = len(config.w2_blocks) * (5 + len(config.budgets)) + extra
-    return w1 + w2 + len(config.w3_splits)
+    w1 = len(config.sizes.w1_depths) * (3 + len(config.budgets)) + extra
+    w2 = len(config.sizes.w2_blocks) * (5 + len(config.budgets)) + extra
+    return w1 + w2 + len(config.sizes.w3.splits)
 
 
 def collect(config, progress):
@@ -707,8 +509,8 @@ def collect(config, progress):
     in the same timing rounds, so its ratios share their baseline's conditions.
     """
     rows, tradeoff = [], []
-    for workload, sizes, curve_size, bench in (("W1", config.w1_depths, config.tradeoff_w1_depth, bench_w1),
-                                               ("W2", config.w2_blocks, config.tradeoff_w2_blocks, bench_w2)):
+    for workload, sizes, curve_size, bench in (("W1", config.sizes.w1_depths, config.tradeoff_w1_depth, bench_w1),
+                                               ("W2", config.sizes.w2_blocks, config.tradeoff_w2_blocks, bench_w2)):
         if curve_size not in sizes:
             raise ValueError(f"{workload}: the trade-off size {curve_size} must be one of the sizes {sizes}")
         for size in sizes:

@@ -10,19 +10,22 @@
                         point measured by running the plan, beside the uniform
                         schedules
 
-Input is the dict bench.collect() returns (and bench.json holds), so the
-plots can be redrawn from a saved JSON file: `plots.draw_all(json.load(f), dir)`.
+Input is the dict strategies.collect() returns (and bench.json holds), so
+the plots can be redrawn from a saved JSON file: `plots.draw_all(json.load(f), dir)`.
+Every picture is written through the package's one atomic writer.
 
-What does not live here: measuring (bench.py).
+What does not live here: measuring (strategies.py), the memory categories
+themselves (memory.py).
 """
 
 import os
-import tempfile
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+
+from ..serialization import atomic_write  # noqa: E402
 
 MIB = 2**20
 # One colour per category, the same in every picture.
@@ -58,16 +61,12 @@ def draw_all(results, output_dir):
 
 
 def save(fig, path):
-    """Save atomically: a temporary file in the same folder, then os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-", suffix=".png")
-    os.close(fd)
+    """Save fig as a PNG at path, atomically (serialization.atomic_write), and close it."""
     try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
+        with atomic_write(path, "wb") as f:
+            fig.savefig(f, dpi=110, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def peak_memory(results):

@@ -3,14 +3,14 @@
     python benchmarks/compare.py           # W1 (N=32) and W2 (L=4), every peer installed
     tinygrad-ckpt bench --compare          # the same, from the command line
 
-The reference workloads (W1 the deep MLP, W2 the GPT stack; their sizes are
-copied into W1 and W2 below) run in this engine and in every peer that is
-installed, in one process, with the same initial weights (ours, copied), in
-float32, each library on the same number of threads. Strategies: "none" (no
-checkpointing), "every" (a checkpoint around every layer or block) and
-"sqrt" (round(sqrt(n)) segments), cut at the same places in every library
-that has a checkpoint wrapper. A peer that is not installed is reported as
-such, never an error.
+The reference workloads (workloads.py: W1 the deep MLP, W2 the GPT stack)
+run in this engine and in every peer that is installed, in one process,
+with the same initial weights (ours, copied), in float32, each library on
+the same number of threads. Strategies: "none" (no checkpointing), "every"
+(a checkpoint around every layer or block) and "sqrt" (round(sqrt(n))
+segments), cut where this engine's checkpoint_sequential cuts them
+(schedules.segment_bounds), in every library that has a checkpoint
+wrapper. A peer that is not installed is reported as such, never an error.
 
 First, every library's loss and gradients are checked against ours in
 float64 with dropout off: each library draws its own dropout masks, so only
@@ -40,34 +40,33 @@ timed. Then, per row, in float32 with dropout as the workload defines it:
 
 Ratios are the peer's figure over ours: above 1, ours does better.
 
-What does not live here: the engine's own strategy benchmark (bench.py),
-the models (nn/), checkpointing (checkpoint.py).
+What does not live here: the engine's own strategy benchmark (strategies.py),
+the workloads' definitions (workloads.py), the models (nn/), checkpointing
+(checkpoint.py).
 """
 
 import gc
-import json
 import math
 import os
 import statistics
 import time
 import tracemalloc
+from dataclasses import asdict, replace
 
 import numpy
 
-from . import functional as F
-from . import memory, schedules
-from .checkpoint import checkpoint_sequential
-from .nn import GPT, MLP, GPTConfig
-from .tensor import Tensor
+from .. import functional as F
+from .. import memory
+from ..schedules import segment_bounds
+from ..tensor import Tensor
+from .machine import describe, limited_threads, load_average
+from .report import MIB, markdown_table
+from .workloads import W1, W2
 
-# The reference workloads (WORKLOADS.md), at the sizes the comparison uses.
-W1 = dict(n_layers=32, width=1024, batch=256)  # Linear(width, width) + GELU(tanh) per layer, a final Linear, MSE
-W2 = dict(n_layer=4, n_embd=256, n_head=4, seq=128, batch=8, vocab=256, dropout=0.1)  # GPT, cross-entropy
 STRATEGIES = ("none", "every", "sqrt")
 LIBRARIES = ("tinygrad_ckpt", "torch", "autograd", "mygrad")
 TORCH_INSTALL = "a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu"
 SEED = 0
-MIB = 2**20
 
 # Agreement in float64: the libraries differ only in the order of float64
 # roundings (~1e-15 relative), so this is tight enough to catch any wrong op.
@@ -81,25 +80,31 @@ SAMPLE = {  # the gradients compared (whole arrays), besides the loss
 }
 
 
-def segment_bounds(n, strategy):
-    """[(start, stop), ...] of the checkpointed segments of n layers; None for 'none'.
-
-    The cuts are schedules.segment_bounds' (those of checkpoint_sequential),
-    so every peer checkpoints at the same places as this engine.
-    """
-    if strategy == "none":
-        return None
-    return [(start, stop) for start, stop, _ in schedules.segment_bounds(n, strategy)]
+def segments(n, strategy):
+    """The segments of n layers a strategy checkpoints: None for 'none', else
+    schedules.segment_bounds(n, strategy), [(start, stop, checkpointed), ...],
+    the very segments checkpoint_sequential runs, so every library cuts where this engine does."""
+    return None if strategy == "none" else segment_bounds(n, strategy)
 
 
 def make_data(workload, size, dtype):
-    """The batch, from a fixed seed: W1 (x, target), W2 (idx, next-token targets)."""
+    """The batch, from a fixed seed: W1 (x, target), W2 (idx, next-token targets); see workloads.py."""
     rng = numpy.random.default_rng(SEED + 1)
-    if workload == "W1":
-        shape = (size["batch"], size["width"])
-        return rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
-    tokens = rng.integers(0, size["vocab"], size=(size["batch"], size["seq"] + 1))
-    return tokens[:, :-1].copy(), tokens[:, 1:].copy()
+    return size.data(rng, dtype) if workload == "W1" else size.data(rng)
+
+
+def _depth(workload, size):
+    """The number of layers (W1) or blocks (W2) in the chain the strategies cut."""
+    return size.n_layers if workload == "W1" else size.n_layer
+
+
+class _Library:
+    """What every library's runner shares: the strategy in use, as the segments it checkpoints."""
+
+    segments = None  # None: no checkpointing; else [(start, stop, checkpointed), ...]
+
+    def use(self, strategy):
+        self.segments = segments(self.n, strategy)
 
 
 def _gelu_tanh(x, tanh, c):
@@ -116,7 +121,7 @@ def _layer_norm(np, x, w, b, c):
 
 
 # -- libraries whose parameters carry their own .grad (this engine, PyTorch) -----------
-class _GradOnParams:
+class _GradOnParams(_Library):
     """backward, loss and gradients for a library whose tensors have .backward() and .grad."""
 
     def backward(self, loss):
@@ -138,44 +143,35 @@ class _GradOnParams:
 
 # -- this engine ------------------------------------------------------------------------
 class Ours(_GradOnParams):
-    """This engine: the models of nn/, checkpointed with checkpoint_sequential."""
+    """This engine: the models of nn/, checkpointed by their own switch, as a user would."""
 
     name = "tinygrad_ckpt"
 
     def __init__(self, workload, size, dtype, dropout):
         self.workload, self.dtype = workload, numpy.dtype(dtype)
         rng = numpy.random.default_rng(SEED)
-        if workload == "W1":
-            self.model = MLP(size["width"], size["width"], size["width"], size["n_layers"], dtype=dtype, rng=rng)
-            self.n = size["n_layers"]
-        else:
-            config = GPTConfig(block_size=size["seq"], vocab_size=size["vocab"], n_layer=size["n_layer"],
-                               n_head=size["n_head"], n_embd=size["n_embd"], dropout=dropout)
-            self.model = GPT(config, rng=rng, dtype=dtype)
-            self.n = size["n_layer"]
+        self.model = (size if workload == "W1" else replace(size, dropout=dropout)).model(rng, dtype=dtype)
+        self.n = _depth(workload, size)
         self.params = dict(self.model.named_parameters())
         self.data = make_data(workload, size, dtype)
-        self.bounds = None
+
+    def use(self, strategy):
+        super().use(strategy)
+        if self.segments is None:
+            self.model.gradient_checkpointing_disable()
+        else:
+            self.model.gradient_checkpointing_enable(segments=self.segments)  # checkpoint_sequential over the blocks
 
     def weights(self):
         """{name: NumPy array}: the initial weights every peer copies."""
         return {name: p.numpy().copy() for name, p in self.params.items()}
 
     def forward(self):
-        blocks = list(self.model.blocks)
-        segments = None if self.bounds is None else [(a, b, True) for a, b in self.bounds]
         if self.workload == "W1":
             x, target = self.data
-            h = Tensor(x)
-            h = checkpoint_sequential(blocks, segments, h) if segments else self.model.blocks(h)
-            return F.mse_loss(self.model.head(h), Tensor(target))
+            return F.mse_loss(self.model(Tensor(x)), Tensor(target))
         idx, targets = self.data
-        if segments is None:
-            return self.model(idx, targets)[1]
-        model = self.model
-        x = model.drop(model.wte(idx) + model.wpe(numpy.arange(idx.shape[1])))  # (B, T, C), as GPT.forward
-        x = checkpoint_sequential(blocks, segments, x)
-        return F.cross_entropy(model.lm_head(model.ln_f(x)), targets)
+        return self.model(idx, targets)[1]
 
 
 # -- PyTorch ----------------------------------------------------------------------------
@@ -197,10 +193,9 @@ class Torch(_GradOnParams):
         self.params = {k: torch.tensor(v, dtype=tdtype, requires_grad=True) for k, v in weights.items()}
         a, b = make_data(workload, size, dtype)
         self.data = (torch.from_numpy(a), torch.from_numpy(b))
-        self.n = size["n_layers"] if workload == "W1" else size["n_layer"]
-        self.bounds = None
+        self.n = _depth(workload, size)
         if workload == "W2":
-            T = size["seq"]
+            T = size.seq
             self.future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # key after query
 
     def _mlp_layers(self, h, start, stop):
@@ -215,7 +210,7 @@ class Torch(_GradOnParams):
     def _gpt_blocks(self, x, start, stop):
         P, F, torch = self.params, self.F, self.torch
         B, T, C = x.shape
-        nh = self.size["n_head"]
+        nh = self.size.n_head
         hs = C // nh
         for i in range(start, stop):
             p = lambda name: P[f"blocks.{i}.{name}"]  # noqa: E731 (a short local alias)
@@ -234,12 +229,12 @@ class Torch(_GradOnParams):
         return x
 
     def _chain(self, run, h):
-        if self.bounds is None:
+        if self.segments is None:
             return run(h, 0, self.n)
         from torch.utils.checkpoint import checkpoint
 
-        for a, b in self.bounds:
-            h = checkpoint(run, h, a, b, use_reentrant=False)
+        for a, b, checkpointed in self.segments:
+            h = checkpoint(run, h, a, b, use_reentrant=False) if checkpointed else run(h, a, b)
         return h
 
     def forward(self):
@@ -259,7 +254,7 @@ class Torch(_GradOnParams):
 
 
 # -- HIPS autograd ----------------------------------------------------------------------
-class Autograd:
+class Autograd(_Library):
     """HIPS autograd: the loss as a NumPy function of the parameters, make_vjp for the gradient.
 
     The parameters are a list with one list per layer (block) and one for the
@@ -281,13 +276,12 @@ class Autograd:
 
         self.ag, self.np, self.logsumexp = autograd, anp, logsumexp
         self.workload, self.size, self.dropout, self.dtype = workload, size, dropout, numpy.dtype(dtype)
-        self.n = size["n_layers"] if workload == "W1" else size["n_layer"]
+        self.n = _depth(workload, size)
         own = ("0.weight", "0.bias") if workload == "W1" else BLOCK_PARAMS
         self.names = [[f"blocks.{i}.{name}" for name in own] for i in range(self.n)]
         self.names.append([k for k in weights if not k.startswith("blocks.")])  # the rest
         self.values = [[weights[k].astype(dtype) for k in names] for names in self.names]
         self.data = make_data(workload, size, dtype)
-        self.bounds = None
         self.rng = numpy.random.default_rng(SEED + 2)
         self._grads = None
 
@@ -306,7 +300,7 @@ class Autograd:
     def _gpt_segment(self, first, masks):
         """The blocks first, first + 1, ... as a function of (x, their parameter lists)."""
         np = self.np
-        C, nh = self.size["n_embd"], self.size["n_head"]
+        C, nh = self.size.n_embd, self.size.n_head
         hs = C // nh
 
         def run(x, blocks):
@@ -336,7 +330,7 @@ class Autograd:
         if not self.dropout or self.workload == "W1":
             return {}
         s, p = self.size, self.dropout
-        B, T, C, nh = s["batch"], s["seq"], s["n_embd"], s["n_head"]
+        B, T, C, nh = s.batch, s.seq, s.n_embd, s.n_head
         shapes = {"emb": (B, T, C)}
         for i in range(self.n):
             shapes.update({f"{i}.attn": (B, nh, T, T), f"{i}.resid": (B, T, C), f"{i}.mlp": (B, T, C)})
@@ -345,12 +339,12 @@ class Autograd:
 
     def loss_fn(self, masks):
         np = self.np
-        segments = [(0, self.n)] if self.bounds is None else self.bounds
+        chain_segments = [(0, self.n, False)] if self.segments is None else self.segments
 
         def chain(h, values, make):
-            for a, b in segments:
+            for a, b, checkpointed in chain_segments:
                 run = make(a)
-                if self.bounds is not None:
+                if checkpointed:
                     run = self.ag.checkpoint(run)
                 h = run(h, values[a:b])
             return h
@@ -392,7 +386,7 @@ class Autograd:
 
 
 # -- mygrad -----------------------------------------------------------------------------
-class Mygrad:
+class Mygrad(_Library):
     """mygrad: tensors with .backward(); its nnet softmax and softmax_crossentropy.
 
     mygrad has no checkpoint wrapper: its checkpointed rows say so. Its memory
@@ -411,8 +405,7 @@ class Mygrad:
         self.workload, self.size, self.dropout, self.dtype = workload, size, dropout, numpy.dtype(dtype)
         self.params = {k: mygrad.tensor(v.astype(dtype)) for k, v in weights.items()}
         self.data = make_data(workload, size, dtype)
-        self.n = size["n_layers"] if workload == "W1" else size["n_layer"]
-        self.bounds = None
+        self.n = _depth(workload, size)
         self.rng = numpy.random.default_rng(SEED + 2)
 
     def _c(self, v):
@@ -428,7 +421,7 @@ class Mygrad:
         return _layer_norm(self.mg, x, w, b, self._c)
 
     def forward(self):
-        if self.bounds is not None:
+        if self.segments is not None:
             raise ValueError("mygrad has no checkpoint wrapper: run it with strategy 'none'")
         mg, P = self.mg, self.params
         if self.workload == "W1":
@@ -440,7 +433,7 @@ class Mygrad:
             return mg.mean((out - target) * (out - target))
         idx, targets = self.data
         B, T = idx.shape
-        C, nh = self.size["n_embd"], self.size["n_head"]
+        C, nh = self.size.n_embd, self.size.n_head
         hs = C // nh
         future = numpy.triu(numpy.ones((T, T), dtype=bool), k=1)
         x = self._drop(P["wte.weight"][idx] + P["wpe.weight"][:T])
@@ -494,33 +487,6 @@ def has_checkpoint(name):
     return name != "mygrad"
 
 
-# -- threads ----------------------------------------------------------------------------
-def limit_threads(n):
-    """Every library on n threads: BLAS/OpenMP pools through threadpoolctl, torch.set_num_threads.
-
-    Returns (a line saying what was verified, the threadpoolctl limiter to keep alive).
-    """
-    parts, limiter = [], None
-    try:
-        from threadpoolctl import threadpool_info, threadpool_limits
-    except ImportError:
-        env = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
-        parts.append(f"threadpoolctl not installed: BLAS threads not verified (environment says {env})")
-    else:
-        limiter = threadpool_limits(limits=n)
-        pools = threadpool_info()
-        parts.append(", ".join(f"{p['internal_api']} {p['num_threads']}" for p in pools))
-        wrong = [p for p in pools if p["num_threads"] != n]
-        if wrong:
-            parts.append(f"WARNING: {len(wrong)} pool(s) not at {n} threads")
-    if peer_version("torch") is not None:
-        import torch
-
-        torch.set_num_threads(n)
-        parts.append(f"torch intra-op {torch.get_num_threads()}")
-    return "; ".join(parts), limiter
-
-
 # -- agreement ----------------------------------------------------------------------------
 def agreement(workload, size, libraries, strategies):
     """Loss and sampled gradients of every (library, strategy) against ours, float64, dropout 0.
@@ -537,7 +503,7 @@ def agreement(workload, size, libraries, strategies):
         for strategy in strategies:
             if name != Ours.name and strategy != "none" and not has_checkpoint(name):
                 continue
-            run.bounds = segment_bounds(run.n, strategy)
+            run.use(strategy)
             run.clear_grads()
             loss = run.loss_value(_step(run))
             grads = run.grads()
@@ -670,112 +636,126 @@ def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=
             check=True, progress=print):
     """Run the comparison; returns a list of row dicts (see `table`) and notes.
 
-    workloads: {"W1": size dict, "W2": size dict} (default: W1 and W2 above).
+    workloads: {"W1": a workloads.DeepMLP, "W2": a workloads.GPTStack}, either
+    may be left out (default: W1 with 32 layers and W2 with 4 blocks, the
+    reference sizes). threads: every library's thread pools (machine.limited_threads).
     """
     workloads = workloads if workloads is not None else {"W1": W1, "W2": W2}
     unknown = [name for name in libraries if name not in LIBRARIES]
     if unknown:
         raise ValueError(f"compare: unknown library {', '.join(unknown)}; choose from {', '.join(LIBRARIES)}")
-    versions = {name: peer_version(name) for name in libraries if name != Ours.name}
-    notes = [f"threads: {limit_threads(threads)[0]}", f"load average at the start: {_load()}"]
-    for name, version in versions.items():
-        how = TORCH_INSTALL if name == "torch" else "pip install 'tinygrad_ckpt[compare]'"
-        notes.append(f"{name}: " + (version if version else f"not installed ({how})"))
-    installed = [Ours.name] + [n for n, v in versions.items() if v]
-    rows = []
-    for workload, size in workloads.items():
-        checks = {}
-        if check:
-            progress(f"{workload}: checking losses and gradients against ours (float64, dropout 0)")
-            checks = agreement(workload, size, installed, strategies)
-            worst = {}
-            for (name, _), (_, err, _) in checks.items():
-                worst[name] = max(worst.get(name, 0.0), err)
-            notes.append(f"{workload} agreement with ours (float64, dropout 0, loss and {', '.join(SAMPLE[workload])}; "
-                         f"worst relative error, all strategies; limit {RTOL:.0e}): "
-                         + ", ".join(f"{name} {err:.1e}" for name, err in worst.items() if name != Ours.name))
-        ours = Ours(workload, size, numpy.float32, dropout=size.get("dropout", 0.0))
-        weights = ours.weights()
-        runs = [ours] + [PEERS[n](workload, size, weights, numpy.float32, size.get("dropout", 0.0))
-                         for n in installed if n != Ours.name]
-        gradient_bytes = sum(w.nbytes for w in weights.values())
-        for strategy in strategies:
-            active = []
-            for run in runs:
-                row = dict(workload=workload, size=size, strategy=strategy, library=run.name,
-                           version=versions.get(run.name) or "", step=None, saved=None, peak=None, note="")
-                rows.append(row)
-                ok = checks.get((run.name, strategy))
-                if strategy != "none" and not has_checkpoint(run.name):
-                    row["note"] = "no checkpoint wrapper"
-                elif check and ok is not None and not ok[0]:
-                    row["note"] = f"DISAGREES with ours: {ok[2]} off by {ok[1]:.1e}"
-                else:
-                    if ok is not None:
-                        row["agree"] = ok[1]
-                    run.bounds = segment_bounds(run.n, strategy)
-                    active.append((run, row))
-            progress(f"{workload} {strategy}: timing {', '.join(r.name for r, _ in active)}")
-            times = time_steps([r for r, _ in active], repeats)
-            for run, row in active:
-                row["step"] = times[run.name]
-                if run.name == Ours.name:
-                    row["saved"], row["peak"], row["engine_peak"] = memory_ours(run)
-                elif run.name == "torch":
-                    row["saved"], row["peak"] = memory_torch(run)
-                else:
-                    row["saved"], row["peak"] = memory_tracemalloc(run, gradient_bytes)
-                    row["approx_peak"] = True
-                run.clear_grads()
-        del runs, ours
-        gc.collect()
-    notes.append(f"load average at the end: {_load()} ({os.cpu_count()} CPUs; above half the CPUs, "
+    versions = {name: peer_version(name) for name in libraries if name != Ours.name}  # imports them: then their threads count
+    with limited_threads(threads) as thread_info:
+        notes = [f"machine: {describe()['description']}", f"threads: {thread_info['summary']}",
+                 f"load average at the start: {_load_text()}"]
+        for name, version in versions.items():
+            how = TORCH_INSTALL if name == "torch" else "pip install 'tinygrad_ckpt[compare]'"
+            notes.append(f"{name}: " + (version if version else f"not installed ({how})"))
+        installed = [Ours.name] + [n for n, v in versions.items() if v]
+        rows = []
+        for workload, size in workloads.items():
+            rows += _compare_workload(workload, size, installed, versions, strategies, repeats, check, progress, notes)
+    notes.append(f"load average at the end: {_load_text()} ({os.cpu_count()} CPUs; above half the CPUs, "
                  "timings are unreliable: waiting BLAS and OpenMP threads slow every library, unevenly)")
     notes.append("peak MiB: tracemalloc (NumPy libraries; includes Python objects, ~0.1 MiB of tape records), "
                  "PyTorch's profiler allocation timeline (tensor storage only); ~ = less the gradients' bytes")
     return rows, notes
 
 
-def _load():
-    """The 1-minute load average, as text ('unknown' where the system does not say)."""
-    try:
-        return f"{os.getloadavg()[0]:.1f}"
-    except (AttributeError, OSError):
-        return "unknown"
+def _compare_workload(workload, size, installed, versions, strategies, repeats, check, progress, notes):
+    """The rows of one workload: agreement first (float64), then per strategy, time and memory (float32)."""
+    checks = {}
+    if check:
+        progress(f"{workload}: checking losses and gradients against ours (float64, dropout 0)")
+        checks = agreement(workload, size, installed, strategies)
+        worst = {}
+        for (name, _), (_, err, _) in checks.items():
+            worst[name] = max(worst.get(name, 0.0), err)
+        notes.append(f"{workload} agreement with ours (float64, dropout 0, loss and {', '.join(SAMPLE[workload])}; "
+                     f"worst relative error, all strategies; limit {RTOL:.0e}): "
+                     + ", ".join(f"{name} {err:.1e}" for name, err in worst.items() if name != Ours.name))
+    dropout = getattr(size, "dropout", 0.0)
+    ours = Ours(workload, size, numpy.float32, dropout=dropout)
+    weights = ours.weights()
+    runs = [ours] + [PEERS[n](workload, size, weights, numpy.float32, dropout) for n in installed if n != Ours.name]
+    gradient_bytes = sum(w.nbytes for w in weights.values())
+    rows = []
+    for strategy in strategies:
+        active = []
+        for run in runs:
+            row = dict(workload=workload, size=size, strategy=strategy, library=run.name,
+                       version=versions.get(run.name) or "", step=None, saved=None, peak=None, note="")
+            rows.append(row)
+            ok = checks.get((run.name, strategy))
+            if strategy != "none" and not has_checkpoint(run.name):
+                row["note"] = "no checkpoint wrapper"
+            elif check and ok is not None and not ok[0]:
+                row["note"] = f"DISAGREES with ours: {ok[2]} off by {ok[1]:.1e}"
+            else:
+                if ok is not None:
+                    row["agree"] = ok[1]
+                run.use(strategy)
+                active.append((run, row))
+        progress(f"{workload} {strategy}: timing {', '.join(r.name for r, _ in active)}")
+        times = time_steps([r for r, _ in active], repeats)
+        for run, row in active:
+            row["step"] = times[run.name]
+            if run.name == Ours.name:
+                row["saved"], row["peak"], row["engine_peak"] = memory_ours(run)
+            elif run.name == "torch":
+                row["saved"], row["peak"] = memory_torch(run)
+            else:
+                row["saved"], row["peak"] = memory_tracemalloc(run, gradient_bytes)
+                row["approx_peak"] = True
+            run.clear_grads()
+    del runs, ours
+    gc.collect()
+    return rows
+
+
+def _load_text():
+    load = load_average()
+    return "unknown" if load is None else f"{load:.1f}"
 
 
 def table(rows, notes=(), title=None):
-    """The comparison as printed text: one block per workload."""
-    out = [title] if title else []
+    """The comparison as Markdown: a table per workload, then the notes."""
+    out = [title, ""] if title else []
+    head = ["strategy", "library", "step ms", "x ours", "saved MiB", "x ours", "peak MiB", "x ours", "note"]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         size = next(r["size"] for r in rows if r["workload"] == workload)
-        out.append(f"\n{workload}: " + ", ".join(f"{k}={v}" for k, v in size.items()) + "; float32")
-        out.append(f"{'strategy':<9}{'library':<22}{'step ms':>9}{'x ours':>8}{'saved MiB':>11}{'x ours':>8}"
-                   f"{'peak MiB':>10}{'x ours':>8}  note")
+        out.append(f"### {workload}: " + ", ".join(f"{k}={v}" for k, v in asdict(size).items()) + "; float32")
+        out.append("")
+        cells_of_rows = []
         for r in (r for r in rows if r["workload"] == workload):
             base = next(b for b in rows if b["workload"] == workload and b["strategy"] == r["strategy"]
                         and b["library"] == Ours.name)
-            label = f"{r['library']} {r['version']}".strip()
-            cells = [f"{r['strategy']:<9}{label:<22}"]
-            for key, scale, width in (("step", 1000, 9), ("saved", 1 / MIB, 11), ("peak", 1 / MIB, 10)):
+            cells = [r["strategy"], f"{r['library']} {r['version']}".strip()]
+            for key, scale in (("step", 1000), ("saved", 1 / MIB), ("peak", 1 / MIB)):
                 value = r.get(key)
                 if value is None:
-                    cells.append(f"{'-':>{width}}{'-':>8}")
+                    cells += ["-", "-"]
                     continue
                 mark = "~" if key == "peak" and r.get("approx_peak") else ""
                 ratio = value / base[key] if base.get(key) else float("nan")
                 digits = ".1f" if value * scale >= 10 else ".2f"
-                cells.append(f"{mark + format(value * scale, digits):>{width}}{ratio:>8.2f}")
+                cells += [mark + format(value * scale, digits), f"{ratio:.2f}"]
             note = r["note"]
             if r["library"] == Ours.name and r.get("engine_peak") is not None:
                 note = f"memory.py peak {r['engine_peak'] / MIB:.1f} MiB" + (f"; {note}" if note else "")
-            out.append("".join(cells) + ("  " + note if note else ""))
-    out += [""] + list(notes)
+            cells_of_rows.append(cells + [note])
+        out += markdown_table(head, cells_of_rows) + [""]
+    out += [f"- {note}" for note in notes]
     return "\n".join(out)
 
 
 def targets(rows):
-    """Issue 9's targets, read off the rows at the reference sizes: [(what, value, met)]."""
+    """The comparison's targets, read off the rows at the reference sizes: [(what, value, met)].
+
+    Against PyTorch, the library a user would pick instead: step time within
+    15 % (W1) and 30 % (W2) without checkpointing; no more saved or peak
+    memory for any strategy. Against HIPS autograd and mygrad: faster.
+    """
     found = []
     rows = [r for r in rows if r["size"] == {"W1": W1, "W2": W2}[r["workload"]]]
 
@@ -802,36 +782,10 @@ def targets(rows):
 
 
 def report(rows, notes):
+    """The table, then the targets met or missed (at the reference sizes only)."""
     text = table(rows, notes)
     found = targets(rows)
     if found:
-        text += "\n\nTargets (issue 9):\n" + "\n".join(
-            f"  {'met ' if met else 'MISS'}  {what}: {value}" for what, value, met in found)
+        text += "\n\nTargets:\n\n" + "\n".join(
+            f"- {'met ' if met else 'MISS'}  {what}: {value}" for what, value, met in found)
     return text
-
-
-# -- `tinygrad-ckpt bench --compare` ------------------------------------------------------------
-QUICK = {"W1": dict(W1, n_layers=8), "W2": dict(W2, n_layer=2)}  # --quick: a few minutes
-TINY = {"W1": dict(n_layers=3, width=32, batch=8),  # --tiny: seconds, for the tests
-        "W2": dict(n_layer=2, n_embd=32, n_head=4, seq=16, batch=2, vocab=32, dropout=0.1)}
-
-
-def run(args):
-    """bench --compare: the comparison with bench's --quick, --repeats, --threads, --output-dir.
-
-    Prints the table and writes it (compare.md) and its figures (compare.json)
-    to --output-dir.
-    """
-    from .bench import write_atomic
-
-    workloads = TINY if getattr(args, "tiny", False) else QUICK if args.quick else {"W1": W1, "W2": W2}
-    repeats = args.repeats if args.repeats is not None else 5
-    rows, notes = compare(workloads, repeats=repeats, threads=args.threads,
-                          progress=lambda what: print(what, flush=True))
-    text = report(rows, notes)
-    print(text)
-    os.makedirs(args.output_dir, exist_ok=True)
-    write_atomic(os.path.join(args.output_dir, "compare.md"), "```\n" + text + "\n```\n")
-    figures = [{k: v for k, v in r.items() if k != "size"} | {"size": dict(r["size"])} for r in rows]
-    write_atomic(os.path.join(args.output_dir, "compare.json"), json.dumps({"rows": figures, "notes": notes}, indent=1))
-    return 0

@@ -1,0 +1,120 @@
+"""`tinygrad-ckpt bench`: the command's flags, and what it runs and writes.
+
+    tinygrad-ckpt bench --quick                  # the smallest sizes of the reference workloads
+    tinygrad-ckpt bench --output-dir bench-out   # the full set (it says how long it took)
+    tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad (compare.py)
+
+The strategy bench (strategies.py) writes, into --output-dir, bench.md (the
+tables printed on the terminal), bench.json (every figure, the machine, the
+threads) and PNG plots drawn by plots.py with matplotlib (the optional
+`plot` extra); without matplotlib the tables and JSON are still written, and
+the run says how to get plots. `--compare` runs compare.py instead and
+writes compare.md and compare.json. --quick and the hidden --tiny (toy sizes,
+for the tests) choose the set of sizes (workloads.py) for either.
+
+What does not live here: the measuring (strategies.py, compare.py), the
+machine and its threads (machine.py), the table format and the file writer
+(report.py).
+"""
+
+import argparse
+import os
+import time
+from dataclasses import asdict, replace
+
+from .. import random
+from . import compare, machine, strategies, workloads
+from .report import write_json, write_text
+
+DESCRIPTION = """Measure checkpointing and accumulation strategies side by side on the reference
+workloads (W1 deep MLP, W2 GPT stack, W3 accumulation): peak memory by category,
+saved activations measured beside the analytic count, step time relative to no
+checkpointing. Prints Markdown tables; writes bench.json, bench.md and PNG plots.
+
+  tinygrad-ckpt bench --quick      the smaller set
+  tinygrad-ckpt bench              the full set (it says how long it took)
+  tinygrad-ckpt bench --compare    W1 and W2 beside PyTorch, HIPS autograd and mygrad
+                                   (those installed; writes compare.md, compare.json)"""
+
+
+def add_arguments(parser):
+    parser.add_argument("--quick", action="store_true",
+                        help="a smaller set: W1 depth 8 and 16, W2 2 blocks, three W3 splits")
+    parser.add_argument("--output-dir", default="bench-out", metavar="DIR",
+                        help="where bench.json, bench.md and the PNG plots go (default: bench-out)")
+    parser.add_argument("--threads", type=int, default=2, help="BLAS threads (default 2; see the notes printed)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed steps per row, after one warm-up step (default 5; the median is reported)")
+    parser.add_argument("--no-plots", action="store_true", help="write the tables and JSON only")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes, for the tests
+    parser.add_argument("--compare", action="store_true",
+                        help="instead: W1 and W2 in this engine and in PyTorch, HIPS autograd and mygrad, "
+                             "those installed (pip install 'tinygrad_ckpt[compare]'; torch separately); see tinygrad_ckpt/bench/compare.py")
+
+
+def run(args):
+    """Run the chosen set (or the comparison), print the tables, write JSON, Markdown and plots."""
+    name = "tiny" if args.tiny else "quick" if args.quick else "full"
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    os.makedirs(args.output_dir, exist_ok=True)
+    if args.compare:
+        return run_compare(args, workloads.SETS[name])
+    config = strategies.SETS[name]
+    if args.repeats is not None:
+        config = replace(config, repeats=args.repeats)
+    load = machine.load_average()
+    if machine.busy(load):
+        print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
+              "slower and noisier than on a quiet machine. BLAS threads that find no free core wait on each "
+              "other and can make single steps many times slower; --threads 1 gives steadier ratios", flush=True)
+    total = strategies.count_rows(config)
+    start = time.perf_counter()
+    done = [0]
+
+    def progress(what, count=True):
+        done[0] += count
+        print(f"[{done[0]:>3}/{total}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
+
+    random.manual_seed(0)  # the dropout masks
+    with machine.limited_threads(args.threads) as threads:
+        print(f"tinygrad-ckpt bench: {name} set, {total} rows, {config.repeats} timed steps each after one warm-up; "
+              f"BLAS threads: {threads['summary']}", flush=True)
+        results = strategies.collect(config, progress)
+    elapsed = time.perf_counter() - start
+    results.update({"set": name, "elapsed_seconds": elapsed, "machine": machine.describe(), "threads": threads,
+                    "config": asdict(config), "load_average": {"start": load, "end": machine.load_average()}})
+    text = strategies.render(results)
+    print()
+    print(text)
+    written = [os.path.join(args.output_dir, "bench.json"), os.path.join(args.output_dir, "bench.md")]
+    write_json(written[0], results)
+    write_text(written[1], text + "\n")
+    if args.no_plots:
+        print("plots: skipped (--no-plots)")
+    else:
+        try:
+            from . import plots  # matplotlib, the optional `plot` extra
+        except ImportError as e:
+            print(f"plots: skipped, matplotlib is not installed ({e}); get them with "
+                  "`pip install 'tinygrad_ckpt[plot]'` and run bench again")
+        else:
+            written += plots.draw_all(results, args.output_dir)
+    print(f"wrote: {', '.join(written)}")
+    print(f"the {name} set took {elapsed:.0f} s ({elapsed / 60:.1f} min) on {results['machine']['description']}")
+    return 0
+
+
+def run_compare(args, sizes):
+    """bench --compare: W1 and W2 at the set's one size each; prints the table, writes compare.md and compare.json."""
+    repeats = args.repeats if args.repeats is not None else 5
+    rows, notes = compare.compare({"W1": sizes.w1, "W2": sizes.w2}, repeats=repeats, threads=args.threads,
+                                  progress=lambda what: print(what, flush=True))
+    text = compare.report(rows, notes)
+    print(text)
+    write_text(os.path.join(args.output_dir, "compare.md"), text + "\n")
+    figures = [{**r, "size": asdict(r["size"])} for r in rows]
+    write_json(os.path.join(args.output_dir, "compare.json"), {"rows": figures, "notes": notes})
+    return 0

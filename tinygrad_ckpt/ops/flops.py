@@ -1,0 +1,60 @@
+"""What an op costs: its forward FLOPs, counted from the shapes of its arrays.
+
+The cost of an op lives beside the ops, so that whoever prices a plan
+(schedules.py, the recompute a checkpoint adds) or reports one (saved.py,
+the bench) asks the ops, and none of them depends on the other.
+
+Counted analytically: a matmul (m, k) @ (k, n) is 2mnk, an elementwise op
+one FLOP per output element, and the fused nn ops a small constant per
+element, each counted from the op's forward formula. The counts are for
+comparing costs, not for predicting time.
+
+    >>> op_flops("MatMul", [(4, 3), (3, 5)], [(4, 5)])   # 2 * 4 * 5 * 3
+    120
+    >>> op_flops("Reshape", [(4, 3)], [(12,)])            # a view: no arithmetic
+    0
+
+What does not live here: the ops themselves (the other files of ops/), the
+memory an op keeps (function.py's save_for_backward counts it).
+"""
+
+# FLOPs per output element of the elementwise-like ops, from their forward
+# formulas in this package (a transcendental such as exp or tanh counts as one):
+#   GELU        x*x*x, *0.044715, +x, *sqrt(2/pi), tanh, +1, 0.5*x, *   -> 9
+#   Dropout     x * mask, * 1/(1-p)                                      -> 2
+#   Softmax     max, subtract, exp, sum, divide        (per input element) -> 5
+#   LogSoftmax  max, subtract, exp, sum, subtract      (per input element) -> 5
+#   CrossEntropy as LogSoftmax on the logits                               -> 5
+#   LayerNorm   mean, subtract, square, mean, *rstd, *weight, +bias        -> 7
+# Movement ops (Reshape, Permute, GetItem, Cat, Stack, ToDevice) copy or
+# view memory and count 0; reductions count one FLOP per input element. A
+# Checkpoint record counts 0: the ops of its segment are counted themselves.
+PER_ELEMENT = {"GELU": 9, "Dropout": 2}
+PER_INPUT_ELEMENT = {"Softmax": 5, "LogSoftmax": 5, "CrossEntropy": 5, "LayerNorm": 7, "Sum": 1, "Mean": 1, "Max": 1}
+MOVEMENT = {"Reshape", "Permute", "GetItem", "Cat", "Stack", "ToDevice", "Checkpoint"}
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def op_flops(op, input_shapes, output_shapes):
+    """Forward FLOPs of one run of `op` (its class name) with these array shapes.
+
+    MatMul (..., m, k) @ (..., k, n): 2 * m * n * k per batch entry.
+    Linear x (..., k), weight (n, k): 2 * k per output element, + 1 with a bias.
+    Everything else: a constant per element (table above); 1 by default.
+    """
+    out = sum(_size(s) for s in output_shapes)
+    if op in MOVEMENT:
+        return 0
+    if op == "MatMul":
+        return 2 * out * input_shapes[0][-1]
+    if op == "Linear":
+        return 2 * out * input_shapes[0][-1] + (out if len(input_shapes) > 2 else 0)
+    if op in PER_INPUT_ELEMENT:
+        return PER_INPUT_ELEMENT[op] * _size(input_shapes[0])
+    return PER_ELEMENT.get(op, 1) * out
