@@ -4,7 +4,7 @@
                              learning_rate=1e-3, max_steps=200, output_dir="out")
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val)
     history = trainer.train()          # a list of log entries, one per logging_steps
-    trainer.train(resume_from_checkpoint=True)   # continue a stopped run exactly
+    trainer.train(resume_from_checkpoint=True)   # continue a stopped run exactly, from output_dir
 
 One optimizer step reads per_device_train_batch_size * gradient_accumulation_steps
 examples (the effective batch) as gradient_accumulation_steps micro-batches,
@@ -20,6 +20,22 @@ schedule, which advances once per optimizer step, never per micro-batch.
 The order of examples comes from the seed alone (data.epoch_order), cut into
 effective batches, so two runs that differ only in how an effective batch is
 split into micro-batches see the same examples in every optimizer step.
+
+What the Trainer guards, so that a run never loses a good state:
+  - a step whose loss or gradient norm is NaN or infinite is skipped (the
+    parameters and optimizer state stay as they were), logged and counted;
+    max_consecutive_nonfinite_steps of them in a row stop the run with
+    FloatingPointError. A checkpoint or model that holds NaN or inf is never
+    written.
+  - checkpoints are output_dir/checkpoint-<step>.npz (the names Hugging
+    Face's Trainer gives its checkpoint folders); save_total_limit keeps the
+    newest few. Resuming takes the newest one that
+    verifies in full (serialization.load, then verify_checkpoint), skipping
+    damaged ones and saying so; one written by another model configuration,
+    tokenizer or batch layout is an error naming the difference, and nothing
+    is restored unless all of it can be.
+  - before the first step: the output directory must be writable, and the
+    temporary files of a save that was killed are removed.
 
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its
@@ -239,7 +255,7 @@ class TrainerState:
 
 # -- the checkpoints of a run: output_dir/checkpoint-<step>.npz ---------------------------
 def checkpoint_path(output_dir, step):
-    """Where the checkpoint of optimizer step `step` is written (Hugging Face's checkpoint-<step> naming)."""
+    """Where the checkpoint of optimizer step `step` is written: output_dir/checkpoint-<step>.npz."""
     return Path(output_dir) / f"{CHECKPOINT_PREFIX}-{step}.npz"
 
 
@@ -598,6 +614,8 @@ class Trainer:
         """
         if not self.is_main_process:
             return None
+        if path is None and self.args.output_dir is None:
+            raise ValueError("save_checkpoint(): output_dir is None, so there is nowhere to save; pass a path")
         self._check_finite("save a checkpoint")
         path = checkpoint_path(self.args.output_dir, self.state.global_step) if path is None else Path(path)
         extra = {
@@ -752,6 +770,8 @@ class Trainer:
         """
         if not self.is_main_process:
             return None
+        if path is None and self.args.output_dir is None:
+            raise ValueError("save_model(): output_dir is None, so there is nowhere to save; pass a path")
         self._check_finite("save the model")
         path = Path(self.args.output_dir) / MODEL_NAME if path is None else Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
