@@ -204,6 +204,7 @@ def test_bad_files_and_checkpoints_are_one_line_errors(tmp_path, capsys):
     assert "is a directory" in err
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's overflow warnings, on the way to NaN
 def test_a_run_that_diverges_stops_with_one_line(tmp_path, capsys):
     text = tmp_path / "tiny.txt"
     text.write_text("abcdefgh " * 100)

@@ -457,6 +457,7 @@ class Trainer:
                     state.epoch, state.micro_step = state.epoch + 1, 0
                 if nonfinite:
                     self._skipped(nonfinite, progress)  # logs and counts it; raises after too many in a row
+                    grad_norm = None  # the log shows the norm of steps that were taken
                 else:
                     state.consecutive_nonfinite_steps = 0
                     for key in step:
@@ -514,6 +515,7 @@ class Trainer:
                    "consecutive_nonfinite_steps": state.consecutive_nonfinite_steps,
                    "nonfinite_steps": state.nonfinite_steps}, progress)
         if state.consecutive_nonfinite_steps >= limit:
+            progress.close()
             first = state.global_step - limit + 1
             raise FloatingPointError(
                 f"{limit} optimizer steps in a row (steps {first} to {state.global_step}) had a non-finite loss "
