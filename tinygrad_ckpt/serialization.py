@@ -9,7 +9,8 @@ The format is one `.npz` file, NumPy's zip of `.npy` arrays, because:
   - it stores every array exactly, bit for bit, in its own dtype;
   - anyone can read it without this package (`numpy.load(path)`);
   - it is read without pickle, so opening a checkpoint cannot run code
-    (pickle-based formats such as torch.save's can);
+    (torch.save's format is pickle; PyTorch 2.13's torch.load restricts what
+    it unpickles, weights_only=True, unless asked not to);
   - the zip's CRC-32 checksums let a damaged file be detected.
 
 Entries: `model/<dotted name>` per state_dict entry, `optimizer/<state>/<i>`
