@@ -12,8 +12,13 @@ live here and are imported by the test, so both sides build the same thing.
                  explicit): parameters, log, examples read, all-reduce counts
                  seen at every micro-batch; and a run stopped after 2 steps
                  and resumed (rank 0 saves, both load), against one that was not
-    errors       ranks that disagree on the model, the arguments or the data,
-                 too little data for the world size, parameters that diverge
+                 and a run where one rank's micro-batch has a NaN loss: every
+                 rank skips that optimizer step alike
+    errors       ranks that disagree on the model, its configuration, the
+                 tokenizer, the arguments or the data (its size or its
+                 contents), too little data for the world size, parameters
+                 that diverge, an output directory rank 0 cannot write, and
+                 ranks that resume from different checkpoints
     abort        rank 1 fails alone while rank 0 waits in a collective:
                  abort_if_running must end both (exit status 3), not hang
 """
@@ -24,7 +29,7 @@ from pathlib import Path
 
 import numpy
 
-from tinygrad_ckpt.data import CharDataset
+from tinygrad_ckpt.data import CharDataset, CharTokenizer
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.train import TrainingArguments, Trainer
 
@@ -44,8 +49,8 @@ CASES = [
 DEVICE_CASE = "adamw"  # run once more on the 'cuda' stand-in
 
 
-def tiny_gpt(n_embd=16, seed=0, device=None):
-    config = GPTConfig(block_size=T, vocab_size=V, n_layer=2, n_head=2, n_embd=n_embd, dropout=0.0)
+def tiny_gpt(n_embd=16, seed=0, device=None, n_head=2):
+    config = GPTConfig(block_size=T, vocab_size=V, n_layer=2, n_head=n_head, n_embd=n_embd, dropout=0.0)
     return GPT(config, rng=numpy.random.default_rng(seed), dtype=numpy.float64, device=device)
 
 
@@ -115,7 +120,26 @@ def equivalence(parallel, out, checkpointing):
             "device": str(trainer.optimizer.params[0].device),
         }
     results["resume"] = resume(parallel, out)
+    results["nonfinite"] = nonfinite(parallel)
     (out / f"equivalence_rank{parallel.rank}.json").write_text(json.dumps(results))
+
+
+def nonfinite(parallel):
+    """Rank 1's second micro-batch has a NaN loss: both ranks must skip optimizer step 1, alike."""
+    class Poisoned(Trainer):
+        calls = 0
+
+        def compute_loss(self, batch):
+            loss, items = super().compute_loss(batch)
+            self.calls += 1
+            return (loss * float("nan") if parallel.rank == 1 and self.calls == 2 else loss), items
+
+    args = training_args(optim="adamw", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3)
+    trainer = Poisoned(tiny_gpt(), args, dataset(23), distributed=parallel)
+    history = trainer.train()
+    parallel.check_in_sync()  # the copies are still identical
+    return {"skipped": [e for e in history if "skipped" in e], "steps": [e["step"] for e in history if "loss" in e],
+            "params": [p.numpy().tolist() for p in trainer.optimizer.params]}
 
 
 def resume(parallel, out):
@@ -131,7 +155,7 @@ def resume(parallel, out):
     run(2, out / "stopped")
     resumed, resumed_params = run(4, out / "stopped", resume_from_checkpoint=True)
     return {"full": full, "resumed": resumed, "same_params": full_params == resumed_params,
-            "checkpoint": str(out / "stopped" / "checkpoint.npz")}
+            "checkpoint": str(out / "stopped" / "checkpoint-4.npz")}
 
 
 def errors(parallel, out):
@@ -151,6 +175,23 @@ def errors(parallel, out):
                                      distributed=parallel))
     attempt("arguments", lambda: Trainer(tiny_gpt(), training_args(seed=3 + rank), dataset(20), distributed=parallel))
     attempt("data_size", lambda: Trainer(tiny_gpt(), training_args(), dataset(20 + rank), distributed=parallel))
+    attempt("config", lambda: Trainer(tiny_gpt(n_head=2 if rank == 0 else 4), training_args(), dataset(20),
+                                      distributed=parallel))  # the same shapes: only the configuration differs
+    attempt("tokenizer", lambda: Trainer(tiny_gpt(), training_args(), dataset(20), distributed=parallel,
+                                         tokenizer=CharTokenizer("abcdefghijk" if rank == 0 else "abcdefghikj")))
+    attempt("data", lambda: Trainer(tiny_gpt(), training_args(), dataset(20, seed=1 + rank), distributed=parallel))
+    (out / "a_file").write_text("rank 0 cannot make a directory inside a file")
+    attempt("output_dir", lambda: Trainer(tiny_gpt(), training_args(output_dir=str(out / "a_file" / "run")), dataset(20),
+                                          distributed=parallel).train())
+
+    def resume_elsewhere():  # two runs' checkpoints; each rank resumes from another one
+        for lr in (3e-2, 1e-2):
+            args = training_args(max_steps=1, learning_rate=lr, output_dir=str(out / f"run_{lr}"))
+            Trainer(tiny_gpt(), args, dataset(20), distributed=parallel).train()
+        mine = out / f"run_{3e-2 if rank == 0 else 1e-2}" / "checkpoint-1.npz"
+        Trainer(tiny_gpt(), training_args(max_steps=2), dataset(20), distributed=parallel).train(resume_from_checkpoint=mine)
+
+    attempt("resume_elsewhere", resume_elsewhere)
     attempt("too_little_data", lambda: Trainer(tiny_gpt(), training_args(per_device_train_batch_size=3), dataset(5),
                                                distributed=parallel))
 

@@ -3,11 +3,12 @@
 import re
 import subprocess
 import sys
+from dataclasses import fields
 
 import numpy
 import pytest
 
-from tinygrad_ckpt import cli, serialization
+from tinygrad_ckpt import backend, cli, serialization
 from tinygrad_ckpt.data import CharTokenizer, load_char_datasets
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.train import TrainingArguments, Trainer
@@ -42,7 +43,7 @@ def test_train_command_tiny_run(tmp_path, capsys):
     config = GPTConfig(**extra["config"])
     assert (config.n_layer, config.n_embd, config.block_size) == (1, 16, 16)
     assert CharTokenizer.from_state_dict(extra["tokenizer"]).chars == sorted(set("the cat sat on the mat. "))
-    assert (tmp_path / "out" / "checkpoint.npz").exists()
+    assert (tmp_path / "out" / "checkpoint-12.npz").exists()
 
 
 def test_train_command_resumes(tmp_path, capsys):
@@ -57,7 +58,7 @@ def test_train_command_resumes(tmp_path, capsys):
     assert "no checkpoint" in capsys.readouterr().err
     assert cli.main([*common, "--max-steps", "4", "--output-dir", str(tmp_path / "out2")]) == 0
     capsys.readouterr()
-    assert cli.main([*common, "--max-steps", "4", "--resume", str(tmp_path / "out" / "checkpoint.npz")]) == 0
+    assert cli.main([*common, "--max-steps", "4", "--resume", str(tmp_path / "out" / "checkpoint-4.npz")]) == 0
     # a finished run resumed: nothing left to do, the history is the saved one
     assert printed_losses(capsys.readouterr().out) == []
     assert len(full) == 4
@@ -105,9 +106,137 @@ def test_default_training_run_loss_falls_in_its_first_steps():
     args = TrainingArguments(
         per_device_train_batch_size=d["per_device_train_batch_size"], learning_rate=d["learning_rate"],
         warmup_steps=d["warmup_steps"], lr_scheduler_type=d["lr_scheduler_type"], max_steps=15,
-        adam_beta2=0.99, logging_steps=5, disable_tqdm=True,
+        adam_beta2=d["adam_beta2"], logging_steps=5, disable_tqdm=True,
     )
     assert d["warmup_steps"] >= 15  # so these 15 steps have the full run's learning rates
     losses = [e["loss"] for e in Trainer(model, args, train).train()]
     assert losses[0] > 3.5  # about log(vocab) = 4.1 at the start
     assert losses[-1] < losses[0] - 0.5, losses
+
+
+# -- the flags are TrainingArguments' fields ------------------------------------------------
+def test_every_training_argument_is_a_flag_with_its_default_help_and_choices():
+    parser = cli.build_parser()
+    parsed = parser.parse_args(["train"])
+    train_parser = parser._subparsers._group_actions[0].choices["train"]
+    actions = {a.dest: a for a in train_parser._actions}
+    for f in fields(TrainingArguments):
+        action = actions[f.name]
+        assert action.option_strings[0] == "--" + f.name.replace("_", "-")
+        expected = cli.DEFAULTS.get(f.name, f.default)
+        assert getattr(parsed, f.name) == expected, f.name
+        assert f.metadata["help"] in action.help
+        assert action.choices == f.metadata.get("choices"), f.name
+    # the demo's own defaults are the ones in DEFAULTS, and --help says so
+    assert parsed.adam_beta2 == cli.DEFAULTS["adam_beta2"] and parsed.seed == cli.DEFAULTS["seed"]
+    assert all(f"{name}={value!r}" in train_parser.epilog for name, value in cli.DEFAULTS.items())
+
+
+def test_flag_values_reach_training_arguments(tmp_path):
+    args = cli.build_parser().parse_args([
+        "train", "--save-total-limit", "3", "--max-consecutive-nonfinite-steps", "4", "--no-logging-first-step",
+        "--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"segments": "sqrt"}', "--optim", "sgd",
+        "--accumulation-dtype", "float64", "--adam-beta2", "0.95", "--output-dir", str(tmp_path),
+    ])
+    training = TrainingArguments(**{f.name: getattr(args, f.name) for f in fields(TrainingArguments)})
+    assert (training.save_total_limit, training.max_consecutive_nonfinite_steps, training.logging_first_step) == (3, 4, False)
+    assert training.gradient_checkpointing_kwargs == {"segments": "sqrt"} and training.optim == "sgd"
+    assert (training.accumulation_dtype, training.adam_beta2, training.output_dir) == ("float64", 0.95, str(tmp_path))
+
+
+# -- a user's mistake is one line and exit status 2; a bug is a traceback ------------------------
+def one_line_error(argv, capsys):
+    """Run the command; return its stderr, after checking exit status 2 and a single line without a traceback."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's errors exit from parse_args
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "1e-3"], "unrecognized arguments: --lr 1e-3"),  # not taken for --lr-scheduler-type
+    (["--learning-rat", "1e-3"], "unrecognized arguments: --learning-rat"),  # not taken for --learning-rate
+    (["--max-step", "3"], "unrecognized arguments: --max-step"),
+    (["--max-steps", "three"], "argument --max-steps: invalid int value: 'three'"),
+    (["--lr-scheduler-type", "step"], "argument --lr-scheduler-type: invalid choice: 'step'"),
+    (["--gradient-checkpointing-kwargs", "[1]"], "expected a JSON object"),
+    (["--n-head", "0"], "argument --n-head: must be at least 1, got '0'"),
+    (["--dropout", "1.5"], r"argument --dropout: must be in \[0, 1\), got '1.5'"),
+    (["--temperature", "0"], "argument --temperature: must be a finite number > 0, got '0'"),
+    (["--sample-chars", "-1"], "argument --sample-chars: must be 0 or more"),
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    (["--learning-rate", "nan"], "learning_rate must be a finite number > 0, got nan"),
+    (["--adam-beta2", "1"], r"adam_beta2 must be a number in \[0, 1\), got 1.0"),
+    (["--save-total-limit", "0"], "save_total_limit must be an integer >= 1 or None"),
+    (["--accumulation-dtype", "int8"], "accumulation_dtype must be a floating dtype"),
+    (["--n-head", "3"], r"n_embd \(16\) must be divisible by n_head \(3\)"),
+])
+def test_bad_flag_values_are_one_line_errors(flags, message, capsys):
+    err = one_line_error(["train", *TINY, "--max-steps", "1", "--sample-chars", "0", *flags], capsys)
+    assert re.search(message, err), err
+    assert err.startswith("tinygrad-ckpt train: error: ")
+
+
+def test_bad_files_and_checkpoints_are_one_line_errors(tmp_path, capsys):
+    text = tmp_path / "tiny.txt"
+    text.write_text("abcdefgh " * 100)
+    common = ["train", "--data", str(text), *TINY, "--per-device-train-batch-size", "2", "--sample-chars", "0",
+              "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
+    assert cli.main(common) == 0
+    capsys.readouterr()
+    assert "--n-head 2" not in common[5:]
+    err = one_line_error([*common, "--resume", "--n-head", "4"], capsys)  # the same shapes, another model
+    assert "its model configuration differs in 'n_head': the checkpoint has 2, this run has 4" in err
+    (tmp_path / "other.txt").write_text("ABCDEFGH " * 100)
+    err = one_line_error([*common, "--resume", "--data", str(tmp_path / "other.txt")], capsys)
+    assert "its tokenizer differs in 'chars'" in err
+    (tmp_path / "out" / "checkpoint-2.npz").write_bytes(b"PK\x03\x04 not really")
+    err = one_line_error([*common, "--resume", str(tmp_path / "out" / "checkpoint-2.npz")], capsys)
+    assert "checkpoint-2.npz' is corrupt or truncated" in err
+    (tmp_path / "a_file").write_text("x")
+    err = one_line_error([*common[:-1], str(tmp_path / "a_file" / "out")], capsys)
+    assert "a_file/out' is not writable" in err
+    err = one_line_error(["train", *TINY, "--data", str(tmp_path)], capsys)
+    assert "is a directory" in err
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's overflow warnings, on the way to NaN
+def test_a_run_that_diverges_stops_with_one_line(tmp_path, capsys):
+    text = tmp_path / "tiny.txt"
+    text.write_text("abcdefgh " * 100)
+    err = one_line_error(["train", "--data", str(text), *TINY, "--per-device-train-batch-size", "2", "--sample-chars",
+                          "0", "--max-steps", "30", "--learning-rate", "1e30", "--warmup-steps", "0",
+                          "--max-grad-norm", "0", "--max-consecutive-nonfinite-steps", "2", "--output-dir",
+                          str(tmp_path / "out")], capsys)
+    assert "2 optimizer steps in a row" in err and "lower the learning rate" in err
+    from tinygrad_ckpt.train import sorted_checkpoints, verify_checkpoint
+    for _, path in sorted_checkpoints(tmp_path / "out"):
+        verify_checkpoint(path)  # whatever was written is finite
+
+
+@pytest.mark.skipif(backend.cuda_is_available(), reason="a GPU is present here, so --device cuda works")
+def test_a_missing_optional_dependency_is_one_line(capsys):
+    err = one_line_error(["train", *TINY, "--device", "cuda", "--max-steps", "1"], capsys)
+    assert "pip install 'tinygrad_ckpt[gpu]'" in err
+
+
+def test_a_bug_shows_its_traceback_and_debug_shows_every_traceback(monkeypatch, capsys):
+    def buggy(self, resume_from_checkpoint=None):
+        return {}["missing"]  # a KeyError: a bug, not a user's mistake
+
+    monkeypatch.setattr(Trainer, "train", buggy)
+    with pytest.raises(KeyError):
+        cli.main(["train", *TINY, "--max-steps", "1"])
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an integer >= 1"):
+        cli.main(["train", *TINY, "--gradient-accumulation-steps", "0", "--debug"])
+
+
+def test_the_command_line_error_is_one_line_in_a_real_process():
+    run = subprocess.run([sys.executable, "-m", "tinygrad_ckpt", "train", "--lr", "1e-3"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        "tinygrad-ckpt train: error: unrecognized arguments: --lr 1e-3 (see tinygrad-ckpt train --help)"]

@@ -176,6 +176,13 @@ def test_a_two_rank_run_resumes_exactly_and_only_with_two_ranks(launched):
               r"\('wte.weight', \(11, 24\), 'float64'\) where rank 0 has \('wte.weight', \(11, 16\), 'float64'\)"),
     ("arguments", r"disagree on the training arguments: rank 1 has \('seed', 4\) where rank 0 has \('seed', 3\)"),
     ("data_size", r"disagree on the training data set's size: rank 1 has 21 where rank 0 has 20"),
+    ("config", r"DistributedError: the processes disagree on the model configuration: rank 1 has \('n_head', 4\) "
+               r"where rank 0 has \('n_head', 2\)"),
+    ("tokenizer", r"disagree on the tokenizer: rank 1 has \('chars', 'abcdefghikj'\) where rank 0 has "
+                  r"\('chars', 'abcdefghijk'\)"),
+    ("data", r"disagree on the training data \(its fingerprint\): rank 1 has \d+ where rank 0 has \d+"),
+    ("output_dir", r"DistributedError: rank 0 cannot go on: NotADirectoryError: .*output directory .*a_file/run' "
+                   r"is not writable"),
     ("too_little_data", r"ValueError: the training data set has 5 examples, fewer than one micro-batch on each of "
                         r"the 2 processes \(per_device_train_batch_size=3 x 2 = 6\)"),
     ("diverge", r"DistributedError: parameters diverged after 0 optimizer step\(s\): 'blocks.1.mlp.c_fc.weight' "
@@ -187,6 +194,25 @@ def test_disagreeing_ranks_fail_on_every_rank_with_a_clear_error(launched, scena
         assert rank[scenario] is not None, f"{scenario}: no error was raised"
         assert re.search(message, rank[scenario]), rank[scenario]
     assert ranks[0][scenario] == ranks[1][scenario]  # the same error on both: neither is left waiting
+
+
+@needs_mpi
+def test_ranks_that_resume_from_different_checkpoints_stop_before_the_first_step(launched):
+    for rank, errors in enumerate(launched("errors")):
+        mine = f"run_{0.03 if rank == 0 else 0.01}/checkpoint-1.npz"
+        assert re.search(rf"DistributedError: after resuming from '.*{re.escape(mine)}': parameters diverged after \d+ "
+                         r"optimizer step\(s\): 'wte.weight' on rank 1 differs from rank 0's.*every process must read "
+                         r"the same checkpoint", errors["resume_elsewhere"]), errors["resume_elsewhere"]
+
+
+@needs_mpi
+def test_a_nan_on_one_rank_skips_the_step_on_every_rank(launched):
+    ranks = [r["nonfinite"] for r in launched("equivalence")]
+    for run in ranks:
+        assert run["skipped"] == [{"step": 1, "skipped": "loss nan, grad_norm nan", "consecutive_nonfinite_steps": 1,
+                                   "nonfinite_steps": 1}]
+        assert run["steps"] == [2, 3]
+    assert ranks[0]["params"] == ranks[1]["params"]
 
 
 @needs_mpi
@@ -238,7 +264,7 @@ def test_train_command_under_mpiexec_matches_one_process_and_only_rank_0_prints(
     # sqrt(v): a gradient that is zero but for rounding (attention's key bias) becomes a step of ~lr.
     for name in one:
         numpy.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["checkpoint.npz", "model.npz"]
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["checkpoint-4.npz", "model.npz"]
 
 
 # -- the pieces, without MPI -------------------------------------------------------------------

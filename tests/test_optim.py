@@ -10,7 +10,7 @@ import pytest
 
 from tinygrad_ckpt import Tensor, memory
 from tinygrad_ckpt.nn import Parameter
-from tinygrad_ckpt.optim import SGD, AdamW, clip_grad_norm_
+from tinygrad_ckpt.optim import SGD, AdamW, clip_grad_norm_, get_total_norm
 
 TARGET = numpy.random.default_rng(1).standard_normal((3, 4))
 
@@ -217,3 +217,58 @@ def test_clip_grad_norm_leaves_small_gradients_alone():
 
 def test_clip_grad_norm_without_grads():
     assert clip_grad_norm_([Parameter(start())], 1.0) == 0.0
+
+
+@pytest.mark.parametrize("bad", [numpy.nan, numpy.inf])
+def test_clip_grad_norm_returns_a_non_finite_norm_and_scales_by_it_as_pytorch(bad):
+    params = make_grads(1.0)
+    grad = params[0].grad.numpy().copy()
+    grad[1, 2] = bad
+    params[0].grad = Tensor(grad)
+    norm = clip_grad_norm_(params, max_norm=1.0)
+    assert numpy.isnan(norm) if numpy.isnan(bad) else norm == numpy.inf
+    # as torch.nn.utils.clip_grad_norm_(error_if_nonfinite=False): grad *= min(1 / (norm + 1e-6), 1)
+    with numpy.errstate(invalid="ignore"):  # inf * 0
+        expected = [g * (numpy.nan if numpy.isnan(bad) else 0.0) for g in (grad, make_grads(1.0)[1].grad.numpy())]
+    for p, want in zip(params, expected):
+        numpy.testing.assert_array_equal(p.grad.numpy(), want)
+
+
+def test_clip_grad_norm_error_if_nonfinite_raises_pytorchs_error_and_leaves_the_gradients():
+    params = make_grads(1.0)
+    grad = params[1].grad.numpy().copy()
+    grad[0] = numpy.inf
+    params[1].grad = Tensor(grad)
+    before = [p.grad.numpy().copy() for p in params]
+    with pytest.raises(RuntimeError, match=r"The total norm of order 2.0 for gradients from `parameters` is "
+                                           r"non-finite, so it cannot be clipped.*error_if_nonfinite=False"):
+        clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
+    for b, p in zip(before, params):
+        numpy.testing.assert_array_equal(p.grad.numpy(), b)
+    assert clip_grad_norm_(make_grads(10.0), 1.0, error_if_nonfinite=True) > 1.0  # finite: as usual
+
+
+def test_get_total_norm():
+    params = make_grads(3.0)
+    grads = [p.grad for p in params]
+    expected = numpy.sqrt(sum((g.numpy() ** 2).sum() for g in grads))
+    assert get_total_norm(grads) == pytest.approx(expected, rel=1e-12) and get_total_norm([]) == 0.0
+    assert numpy.isnan(get_total_norm([Tensor(numpy.array([1.0, numpy.nan]))]))
+
+
+@pytest.mark.backends("numpy")
+def test_clip_grad_norm_against_torch_with_non_finite_gradients():
+    torch = pytest.importorskip("torch", reason="optional cross-check: PyTorch is not installed")
+    for bad in (numpy.nan, numpy.inf, 5.0):
+        params = make_grads(2.0)
+        grad = params[0].grad.numpy().copy()
+        grad[0, 0] = bad
+        params[0].grad = Tensor(grad)
+        tparams = [torch.nn.Parameter(torch.tensor(p.numpy())) for p in params]
+        for tp, p in zip(tparams, params):
+            tp.grad = torch.tensor(p.grad.numpy())
+        ours = clip_grad_norm_(params, 1.0)
+        theirs = torch.nn.utils.clip_grad_norm_(tparams, 1.0, error_if_nonfinite=False)
+        numpy.testing.assert_allclose(ours, theirs.item(), rtol=1e-12)
+        for p, tp in zip(params, tparams):
+            numpy.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-12)

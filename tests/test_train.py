@@ -5,6 +5,9 @@ float64 and compare with atol/rtol 1e-10: the runs differ only in summation
 order (~1e-16 relative per add), while a wrong split or step shows at 1e-3.
 """
 
+import math
+import re
+
 import numpy
 import pytest
 
@@ -246,7 +249,7 @@ def test_output_dir_holds_the_model_with_its_tokenizer_and_config(tmp_path):
     assert GPTConfig(**extra["config"]) == trainer.model.config
     for a, b in zip(model.parameters(), trainer.model.parameters()):
         numpy.testing.assert_array_equal(a.numpy(), b.numpy())
-    assert (tmp_path / "checkpoint.npz").exists()
+    assert (tmp_path / "checkpoint-1.npz").exists()
 
 
 def test_a_crash_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -254,7 +257,7 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
 
     trainer = Trainer(tiny_gpt(), args(output_dir=str(tmp_path), max_steps=2, save_steps=1), dataset())
     trainer.train()
-    good = (tmp_path / "checkpoint.npz").read_bytes()
+    good = (tmp_path / "checkpoint-2.npz").read_bytes()
 
     def dies_half_way(f, **arrays):
         f.write(b"PK\x03\x04 half a zip file")
@@ -263,7 +266,7 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
     monkeypatch.setattr(serialization.numpy, "savez", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
         trainer.save_checkpoint()
-    assert (tmp_path / "checkpoint.npz").read_bytes() == good
+    assert (tmp_path / "checkpoint-2.npz").read_bytes() == good
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
@@ -309,3 +312,260 @@ def test_gradient_checkpointing_with_accumulation_same_run_less_activation_memor
     for a, b in zip(ckpt_params, plain_params):
         numpy.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
     assert ckpt_act < plain_act
+
+
+# -- every field checked, named in the message ------------------------------------------
+@pytest.mark.parametrize("kw", [
+    dict(learning_rate=float("nan")), dict(learning_rate=float("inf")), dict(learning_rate=0.0),
+    dict(learning_rate="0.1"), dict(weight_decay=float("nan")), dict(weight_decay=-0.1),
+    dict(adam_beta1=1.0), dict(adam_beta2=-0.1), dict(adam_beta2=float("nan")), dict(adam_epsilon=0.0),
+    dict(max_grad_norm=float("inf")), dict(max_grad_norm=-1.0), dict(num_train_epochs=float("nan")),
+    dict(max_steps=2.5), dict(max_steps=True), dict(per_device_eval_batch_size=0), dict(eval_steps=-1),
+    dict(save_steps=1.0), dict(logging_steps=-5), dict(warmup_steps=None), dict(seed=-1), dict(seed=1.5),
+    dict(save_total_limit=0), dict(save_total_limit=1.5), dict(max_consecutive_nonfinite_steps=0),
+    dict(accumulation_dtype="int32"), dict(accumulation_dtype="float99"), dict(accumulation_dtype=3),
+    dict(gradient_checkpointing=1), dict(logging_first_step="yes"), dict(disable_tqdm=None),
+    dict(output_dir=3), dict(output_dir=""), dict(optim=None), dict(lr_scheduler_type="Linear"),
+], ids=lambda kw: f"{next(iter(kw))}={next(iter(kw.values()))!r}")
+def test_every_field_is_checked_and_named(kw):
+    (name, value), = kw.items()
+    with pytest.raises(ValueError, match=rf"^{name} must be .*got {re.escape(repr(value))}"):
+        TrainingArguments(**kw)
+
+
+def test_good_arguments_pass():
+    a = TrainingArguments(learning_rate=numpy.float32(1e-3), accumulation_dtype="float64", save_total_limit=2,
+                          output_dir="out", max_consecutive_nonfinite_steps=1, adam_beta2=0.0, seed=0)
+    assert a.save_total_limit == 2 and a.max_consecutive_nonfinite_steps == 1
+
+
+# -- non-finite steps never reach the parameters --------------------------------------------
+class Poisoned(Trainer):
+    """A Trainer whose loss is NaN (or inf) in the micro-batches numbered in `bad` (0-based)."""
+
+    def __init__(self, *a, bad=(), value=float("nan"), **kw):
+        super().__init__(*a, **kw)
+        self.bad, self.value, self.calls = set(bad), value, 0
+
+    def compute_loss(self, batch):
+        loss, items = super().compute_loss(batch)
+        self.calls += 1
+        if self.calls - 1 in self.bad:
+            loss = loss * self.value
+        return loss, items
+
+
+def state_of(trainer):
+    opt = trainer.optimizer
+    return ([p.numpy().copy() for p in trainer.model.parameters()],
+            [a.copy() for key in opt.state_names for a in getattr(opt, key)], list(opt.steps))
+
+
+def assert_same_state(a, b):
+    for x, y in zip(a[0] + a[1], b[0] + b[1]):
+        numpy.testing.assert_array_equal(x, y)
+    assert a[2] == b[2]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # inf * 0 in the backward of an inf loss
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_loss_skips_the_step_and_leaves_parameters_and_optimizer_state(value):
+    kw = dict(gradient_accumulation_steps=2, lr_scheduler_type="constant")
+    clean = Trainer(tiny_gpt(), args(max_steps=2, **kw), dataset())
+    clean.train()
+    poisoned = Poisoned(tiny_gpt(), args(max_steps=3, **kw), dataset(), bad={5}, value=value)  # step 3's 2nd micro-batch
+    history = poisoned.train()
+    assert_same_state(state_of(poisoned), state_of(clean))  # step 3 changed nothing
+    skipped = [e for e in history if "skipped" in e]
+    assert skipped == [{"step": 3, "skipped": f"loss {value}, grad_norm nan", "consecutive_nonfinite_steps": 1,
+                        "nonfinite_steps": 1}]
+    assert poisoned.state.nonfinite_steps == 1 and poisoned.state.global_step == 3
+    assert all(math.isfinite(e["loss"]) for e in history if "loss" in e)
+
+    more = Poisoned(tiny_gpt(), args(max_steps=5, **kw), dataset(), bad={5})  # training goes on after it
+    history = more.train()
+    assert [e["step"] for e in history if "loss" in e] == [1, 2, 4, 5]
+    assert more.state.consecutive_nonfinite_steps == 0
+    assert all(numpy.isfinite(p.numpy()).all() for p in more.model.parameters())
+
+
+def test_an_infinite_gradient_with_a_finite_loss_skips_the_step():
+    trainer = Trainer(tiny_gpt(), args(max_steps=2, max_grad_norm=0.0, lr_scheduler_type="constant"), dataset())
+    accumulate, calls = trainer.accumulator.accumulate, []
+
+    def overflowing(num_items, end_of_data=False):
+        calls.append(num_items)
+        if len(calls) == 2:  # the second micro-batch's gradient overflows
+            p = trainer.optimizer.params[0]
+            p.grad.data[0] = numpy.inf
+        return accumulate(num_items, end_of_data)
+
+    trainer.accumulator.accumulate = overflowing
+    clean = Trainer(tiny_gpt(), args(max_steps=1, max_grad_norm=0.0, lr_scheduler_type="constant"), dataset())
+    clean.train()
+    history = trainer.train()
+    assert [e["skipped"] for e in history if "skipped" in e] == ["grad_norm inf"]
+    assert_same_state(state_of(trainer), state_of(clean))
+
+
+def test_one_nan_micro_batch_never_reaches_a_checkpoint(tmp_path):
+    from tinygrad_ckpt.train import sorted_checkpoints, verify_checkpoint
+
+    trainer = Poisoned(tiny_gpt(), args(max_steps=4, save_steps=1, output_dir=str(tmp_path)), dataset(), bad={1})
+    trainer.train()
+    saved = sorted_checkpoints(tmp_path)
+    assert [step for step, _ in saved] == [4, 3, 2, 1]
+    for _, path in saved:
+        verify_checkpoint(path)  # finite parameters and optimizer state in every one
+    assert all(numpy.isfinite(p.numpy()).all() for p in trainer.model.parameters())
+
+
+def test_too_many_non_finite_steps_in_a_row_stop_with_a_clear_error(tmp_path, capsys):
+    trainer = Poisoned(tiny_gpt(), args(max_steps=20, save_steps=1, output_dir=str(tmp_path),
+                                        max_consecutive_nonfinite_steps=3), dataset(), bad={0, 3, 4, 5})
+    with pytest.raises(FloatingPointError, match=r"3 optimizer steps in a row \(steps 4 to 6\) had a non-finite "
+                                                 r"loss .* the parameters, which are those after step 3"):
+        trainer.train()
+    assert trainer.state.nonfinite_steps == 4 and trainer.state.global_step == 6
+    assert "skipped, not finite: loss nan, grad_norm nan; parameters unchanged (3 in a row, 4 in all)" in capsys.readouterr().out
+
+
+def test_a_non_finite_model_is_never_saved(tmp_path):
+    from tinygrad_ckpt.train import sorted_checkpoints
+
+    trainer = Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), dataset())
+    trainer.train()
+    before = sorted_checkpoints(tmp_path)[0][1].read_bytes()
+    trainer.model.wte.weight.data[0, 0] = numpy.nan
+    with pytest.raises(FloatingPointError, match="refusing to save a checkpoint: parameter 'wte.weight' holds NaN"):
+        trainer.save_checkpoint()
+    with pytest.raises(FloatingPointError, match="refusing to save the model"):
+        trainer.save_model()
+    trainer.model.wte.weight.data[0, 0] = 0.0
+    trainer.optimizer.exp_avg_sq[1][...] = numpy.inf
+    with pytest.raises(FloatingPointError, match=r"optimizer state exp_avg_sq\[1\] holds NaN or inf"):
+        trainer.save_checkpoint()
+    assert sorted_checkpoints(tmp_path)[0][1].read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+# -- several checkpoints; resuming from the newest that verifies ----------------------------------
+def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path):
+    from tinygrad_ckpt.train import sorted_checkpoints
+
+    for limit, kept in [(None, [5, 4, 3, 2, 1]), (2, [5, 4]), (1, [5])]:
+        out = tmp_path / str(limit)
+        Trainer(tiny_gpt(), args(max_steps=5, save_steps=1, save_total_limit=limit, output_dir=str(out)), dataset()).train()
+        assert [step for step, _ in sorted_checkpoints(out)] == kept
+        assert sorted(p.name for p in out.iterdir()) == sorted([f"checkpoint-{s}.npz" for s in kept] + ["model.npz"])
+
+
+def test_resume_skips_damaged_checkpoints_for_the_newest_good_one(tmp_path, capsys):
+    kw = dict(max_steps=6, save_steps=2, output_dir=str(tmp_path), lr_scheduler_type="cosine", warmup_steps=1)
+    full = Trainer(tiny_gpt(dropout=0.1), args(**kw), dataset())
+    full_losses = [e["loss"] for e in full.train() if "loss" in e]
+    truncated = tmp_path / "checkpoint-6.npz"
+    truncated.write_bytes(truncated.read_bytes()[:1000])
+    flipped = tmp_path / "checkpoint-4.npz"
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    flipped.write_bytes(bytes(data))
+    capsys.readouterr()
+
+    resumed = Trainer(tiny_gpt(seed=9, dropout=0.1), args(**kw), dataset())
+    history = resumed.train(resume_from_checkpoint=True)
+    assert resumed.resumed_from == tmp_path / "checkpoint-2.npz"
+    assert [p.name for p, _ in resumed.skipped_checkpoints] == ["checkpoint-6.npz", "checkpoint-4.npz"]
+    assert all("corrupt" in why for _, why in resumed.skipped_checkpoints)
+    err = capsys.readouterr().err
+    assert "resume: skipped " + str(truncated) in err and "resume: continuing from " + str(tmp_path / "checkpoint-2.npz") in err
+    assert [e["loss"] for e in history if "loss" in e] == full_losses
+    for a, b in zip(resumed.model.parameters(), full.model.parameters()):
+        numpy.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_resume_when_every_checkpoint_is_damaged(tmp_path):
+    from tinygrad_ckpt.serialization import CheckpointError
+
+    Trainer(tiny_gpt(), args(max_steps=2, save_steps=1, output_dir=str(tmp_path)), dataset()).train()
+    for name in ("checkpoint-1.npz", "checkpoint-2.npz"):
+        (tmp_path / name).write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .* can be resumed from: all 2 are damaged"):
+        Trainer(tiny_gpt(), args(max_steps=2, output_dir=str(tmp_path)), dataset()).train(resume_from_checkpoint=True)
+    with pytest.raises(CheckpointError, match=r"checkpoint-1\.npz' is corrupt"):  # a file named: no fallback
+        Trainer(tiny_gpt(), args(max_steps=2), dataset()).train(resume_from_checkpoint=tmp_path / "checkpoint-1.npz")
+
+
+def test_rotation_after_a_fallback_keeps_the_good_checkpoint(tmp_path):
+    from tinygrad_ckpt.train import sorted_checkpoints, verify_checkpoint
+
+    kw = dict(save_steps=1, save_total_limit=1, output_dir=str(tmp_path))
+    Trainer(tiny_gpt(), args(max_steps=3, save_total_limit=None, **{k: v for k, v in kw.items() if k != "save_total_limit"}),
+            dataset()).train()
+    (tmp_path / "checkpoint-3.npz").write_bytes(b"damaged")
+    (tmp_path / "model.npz").unlink()
+    stopped = CrashAfter(dataset(), n=4)  # resumes from step 2, saves step 3, dies reading step 4
+    with pytest.raises(Crash):
+        Trainer(tiny_gpt(), args(max_steps=5, **kw), stopped).train(resume_from_checkpoint=True)
+    # the checkpoint just written replaced the damaged one of the same step; the older good one went
+    assert [step for step, _ in sorted_checkpoints(tmp_path)] == [3]
+    verify_checkpoint(tmp_path / "checkpoint-3.npz")
+
+
+# -- a checkpoint belongs to one model, one tokenizer --------------------------------------------
+def test_resume_with_another_model_configuration_names_the_field_and_restores_nothing(tmp_path):
+    Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), dataset()).train()
+    config = GPTConfig(block_size=T, vocab_size=V, n_layer=1, n_head=4, n_embd=16, dropout=0.0)  # same shapes
+    other = GPT(config, rng=numpy.random.default_rng(7), dtype=numpy.float64)
+    before = other.state_dict()
+    trainer = Trainer(other, args(max_steps=2, output_dir=str(tmp_path)), dataset())
+    with pytest.raises(ValueError, match=r"its model configuration differs in 'n_head': the checkpoint has 2, "
+                                         r"this run has 4"):
+        trainer.train(resume_from_checkpoint=True)
+    for name, value in other.state_dict().items():
+        numpy.testing.assert_array_equal(value, before[name])
+
+
+def test_resume_with_another_tokenizer_names_it(tmp_path):
+    Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), dataset(), tokenizer=CharTokenizer("abcdefghijk")).train()
+    swapped = CharTokenizer("abcdefghikj")  # the same characters, two ids swapped
+    trainer = Trainer(tiny_gpt(), args(max_steps=2, output_dir=str(tmp_path)), dataset(), tokenizer=swapped)
+    with pytest.raises(ValueError, match=r"its tokenizer differs in 'chars': the checkpoint's has 11 entries, this "
+                                         r"run's 11; the first difference is at position 9: 'j' against 'k'"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_a_failed_resume_restores_nothing(tmp_path):
+    Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), dataset()).train()
+    model = tiny_gpt(seed=4)
+    before = model.state_dict()
+    trainer = Trainer(model, args(max_steps=2, output_dir=str(tmp_path), per_device_train_batch_size=2), dataset())
+    with pytest.raises(ValueError, match="per_device_train_batch_size=4"):
+        trainer.train(resume_from_checkpoint=True)
+    for name, value in model.state_dict().items():
+        numpy.testing.assert_array_equal(value, before[name])
+    assert trainer.optimizer.steps == [0] * len(trainer.optimizer.params)
+
+
+# -- fail fast, clean up --------------------------------------------------------------------------
+def test_an_output_dir_that_cannot_be_written_fails_before_the_first_step(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    data = Recording(dataset())
+    trainer = Trainer(tiny_gpt(), args(max_steps=2, output_dir=str(tmp_path / "a_file" / "out")), data)
+    with pytest.raises(OSError, match=r"output directory .*a_file/out' is not writable"):
+        trainer.train()
+    assert data.reads == []  # not one example was read
+
+
+def test_temporary_files_of_an_interrupted_save_are_removed_at_start(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    dead_pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                  text=True).stdout)
+    leftovers = [tmp_path / f".checkpoint-{s}.npz.{dead_pid}.0123abcd.tmp" for s in (1, 2)]
+    for path in leftovers:
+        path.write_bytes(b"PK\x03\x04 half a zip")
+    Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), dataset()).train()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1.npz", "model.npz"]
+    assert "removed 2 temporary file(s) left by an interrupted save" in capsys.readouterr().err

@@ -2,14 +2,25 @@
 
     tinygrad-ckpt train                                   # a small GPT on the embedded plays, ~1 minute
     tinygrad-ckpt train --per-device-train-batch-size 4 --gradient-accumulation-steps 8
-    tinygrad-ckpt train --data my.txt --max-steps 500 --output-dir out
-    tinygrad-ckpt train --output-dir out --resume         # continue from out/checkpoint.npz
+    tinygrad-ckpt train --data my.txt --max-steps 500 --output-dir out --save-steps 50
+    tinygrad-ckpt train --output-dir out --save-steps 50 --resume   # continue from out's newest good checkpoint
     mpiexec -n 2 tinygrad-ckpt train ...                  # data parallel: 2 processes (distributed.py)
 
 Each subcommand is a parser (its flags) and a function run(args). The train
-command's flags are TrainingArguments' fields written as flags, plus the data
-and model sizes. Another subcommand lives in its own module with
-`add_arguments(parser)` and `run(args)`, and gets two lines in build_parser().
+command's training flags are generated from TrainingArguments' fields: each
+field is one flag (`per_device_train_batch_size` -> `--per-device-train-batch-size`)
+with the field's type, default and help (its metadata), so the two cannot
+drift apart. The demo overrides a few defaults, all in DEFAULTS, which
+`--help` prints. The data, model and sampling flags are written here. Another
+subcommand lives in its own module with `add_arguments(parser)` and
+`run(args)`, and gets two lines in build_parser().
+
+Errors: a mistake a user can make (a bad flag value, a missing or damaged
+file, a checkpoint of another model, a missing optional dependency, processes
+that disagree, a run that diverges) is one line on stderr naming the flag or
+file and what to do, with exit status 2. A traceback means a bug, or that
+`--debug` was given. Flags are never abbreviated (`--lr` is not
+`--lr-scheduler-type`).
 
 What does not live here: the training loop (train.py), the data (data.py),
 the model (nn/).
@@ -18,28 +29,49 @@ the model (nn/).
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 import numpy
 
-from . import bench, memory, random
+from . import backend, bench, memory, random
 from .data import load_char_datasets
 from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
+from .nn.module import LoadStateDictError
 from .train import TrainingArguments, Trainer
 
 # The default run: a 3-layer character GPT (348k parameters) on the embedded
 # text, 500 steps of 16 x 64 characters, about 45 s of CPU time; its loss falls
 # from 4.2 to about 2.1 (validation about 2.15). Measured on the 2-core
-# development machine; tokens/s are printed as it runs.
+# development machine; tokens/s are printed as it runs. These are the demo's
+# only departures from GPTConfig's and TrainingArguments' defaults.
 DEFAULTS = dict(
-    block_size=64, n_layer=3, n_head=4, n_embd=96, dropout=0.0,
-    per_device_train_batch_size=16, gradient_accumulation_steps=1, max_steps=500,
-    learning_rate=6e-3, warmup_steps=20, lr_scheduler_type="cosine", logging_steps=50,
+    block_size=64, n_layer=3, n_head=4, n_embd=96, dropout=0.0,  # the model (GPTConfig)
+    per_device_train_batch_size=16, per_device_eval_batch_size=32, max_steps=500, learning_rate=6e-3,
+    warmup_steps=20, lr_scheduler_type="cosine", adam_beta2=0.99, logging_steps=50, logging_first_step=True,
+    seed=0,
 )
+
+# The exceptions that mean "the input is wrong", not "the program is wrong":
+# one line and exit status 2 (CheckpointError is a ValueError; FloatingPointError
+# is a run that diverged; MemoryError is a run too big for this machine).
+USER_ERRORS = (ValueError, OSError, ImportError, DistributedError, LoadStateDictError, FloatingPointError,
+               MemoryError)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse without abbreviations, whose errors are one line (no usage block), exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def add_train_arguments(parser):
@@ -51,53 +83,49 @@ def add_train_arguments(parser):
                       help="the last fraction of the text kept for validation (default: %(default)s; 0: none)")
 
     model = parser.add_argument_group("model (a GPT, nanoGPT's names)")
-    model.add_argument("--block-size", type=int, default=d["block_size"], help="context length in characters (default: %(default)s)")
-    model.add_argument("--n-layer", type=int, default=d["n_layer"], help="transformer blocks (default: %(default)s)")
-    model.add_argument("--n-head", type=int, default=d["n_head"], help="attention heads; must divide --n-embd (default: %(default)s)")
-    model.add_argument("--n-embd", type=int, default=d["n_embd"], help="embedding width (default: %(default)s)")
-    model.add_argument("--dropout", type=float, default=d["dropout"], help="dropout probability (default: %(default)s)")
-    model.add_argument("--device", default="cpu", help="'cpu' or 'cuda' (needs CuPy) (default: %(default)s)")
+    model.add_argument("--block-size", type=_positive_int, default=d["block_size"], help="context length in characters (default: %(default)s)")
+    model.add_argument("--n-layer", type=_positive_int, default=d["n_layer"], help="transformer blocks (default: %(default)s)")
+    model.add_argument("--n-head", type=_positive_int, default=d["n_head"], help="attention heads; must divide --n-embd (default: %(default)s)")
+    model.add_argument("--n-embd", type=_positive_int, default=d["n_embd"], help="embedding width (default: %(default)s)")
+    model.add_argument("--dropout", type=_probability, default=d["dropout"], help="dropout probability (default: %(default)s)")
+    model.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="'cuda' needs CuPy and a GPU (default: %(default)s)")
 
-    t = parser.add_argument_group("training (TrainingArguments, as in Hugging Face)")
-    t.add_argument("--per-device-train-batch-size", type=int, default=d["per_device_train_batch_size"],
-                   help="examples per micro-batch (default: %(default)s)")
-    t.add_argument("--per-device-eval-batch-size", type=int, default=32, help="examples per evaluation batch (default: %(default)s)")
-    t.add_argument("--gradient-accumulation-steps", type=int, default=d["gradient_accumulation_steps"],
-                   help="micro-batches per optimizer step (default: %(default)s)")
-    t.add_argument("--gradient-checkpointing", action="store_true",
-                   help="recompute activations in backward instead of keeping them")
-    t.add_argument("--gradient-checkpointing-kwargs", type=_json_object, default=None, metavar="JSON",
-                   help="""with --gradient-checkpointing: which segments and policy, as JSON, e.g. """
-                        """'{"segments": "sqrt", "policy": "selective_attention"}' (default: every block, full recompute)""")
-    t.add_argument("--max-steps", type=int, default=d["max_steps"],
-                   help="optimizer steps; <= 0 to use --num-train-epochs (default: %(default)s)")
-    t.add_argument("--num-train-epochs", type=float, default=1.0, help="epochs, when --max-steps <= 0 (default: %(default)s)")
-    t.add_argument("--learning-rate", type=float, default=d["learning_rate"], help="peak learning rate (default: %(default)s)")
-    t.add_argument("--lr-scheduler-type", choices=("constant", "linear", "cosine"), default=d["lr_scheduler_type"],
-                   help="learning-rate schedule after warmup (default: %(default)s)")
-    t.add_argument("--warmup-steps", type=int, default=d["warmup_steps"], help="linear warmup steps (default: %(default)s)")
-    t.add_argument("--weight-decay", type=float, default=0.0, help="(default: %(default)s)")
-    t.add_argument("--adam-beta1", type=float, default=0.9, help="(default: %(default)s)")
-    t.add_argument("--adam-beta2", type=float, default=0.99, help="(default: %(default)s)")
-    t.add_argument("--adam-epsilon", type=float, default=1e-8, help="(default: %(default)s)")
-    t.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the gradient norm; 0: off (default: %(default)s)")
-    t.add_argument("--optim", choices=("adamw", "sgd"), default="adamw", help="(default: %(default)s)")
-    t.add_argument("--accumulation-dtype", default=None, help="dtype of the accumulation buffers, e.g. float64 (default: the parameters')")
-    t.add_argument("--logging-steps", type=int, default=d["logging_steps"], help="print the loss every N optimizer steps (default: %(default)s)")
-    t.add_argument("--logging-first-step", action=argparse.BooleanOptionalAction, default=True,
-                   help="also log the first step's loss (default: %(default)s)")
-    t.add_argument("--eval-steps", type=int, default=0, help="evaluate every N optimizer steps; 0: at the end only (default: %(default)s)")
-    t.add_argument("--save-steps", type=int, default=0,
-                   help="write the resumable state every N optimizer steps; 0: at the end only (default: %(default)s)")
-    t.add_argument("--output-dir", default=None, help="where checkpoint.npz and model.npz are written (default: nowhere)")
-    t.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
-                   help="continue from CHECKPOINT (default: OUTPUT_DIR/checkpoint.npz)")
-    t.add_argument("--seed", type=int, default=0, help="model init, data order and dropout (default: %(default)s)")
-    t.add_argument("--disable-tqdm", action="store_true", help="no live progress line")
+    training = parser.add_argument_group("training (TrainingArguments, as in Hugging Face)")
+    add_dataclass_arguments(training, TrainingArguments, d)
+    training.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                          help="continue from CHECKPOINT, a file or a directory (default: the newest checkpoint "
+                               "in --output-dir that verifies)")
 
     out = parser.add_argument_group("after training")
-    out.add_argument("--sample-chars", type=int, default=300, help="characters to sample at the end; 0: none (default: %(default)s)")
-    out.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: %(default)s)")
+    out.add_argument("--sample-chars", type=_count, default=300, help="characters to sample at the end; 0: none (default: %(default)s)")
+    out.add_argument("--temperature", type=_positive_float, default=0.8, help="sampling temperature, > 0 (default: %(default)s)")
+
+
+def add_dataclass_arguments(group, cls, defaults):
+    """One flag per field of the dataclass `cls`: name, type, default (from `defaults` if there), help, choices.
+
+    bool fields become --flag / --no-flag, dict fields take JSON, and a
+    field's metadata holds its "help" (and "choices", if any).
+    """
+    parsers = {int: int, float: float, str: str, dict: _json_object}
+    for f in fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        default = defaults.get(f.name, f.default)
+        if default is MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name} has no default, so it cannot be an optional flag")
+        help = f.metadata.get("help", "").replace("%", "%%") + " (default: %(default)s)"
+        if f.type is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
+        elif f.type in parsers:
+            group.add_argument(flag, type=parsers[f.type], default=default, choices=f.metadata.get("choices"),
+                               metavar="JSON" if f.type is dict else None, help=help)
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} is a {f.type}, which the command line cannot parse")
+
+
+def _defaults_epilog():
+    shown = ", ".join(f"{name}={value!r}" for name, value in DEFAULTS.items())
+    return f"The demo's defaults, where they differ from GPTConfig's and TrainingArguments': {shown}."
 
 
 def _json_object(text):
@@ -111,6 +139,41 @@ def _json_object(text):
     return value
 
 
+def _positive_int(text):
+    value = _parse(int, text, "an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def _count(text):
+    value = _parse(int, text, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
+
+
+def _positive_float(text):
+    value = _parse(float, text, "a number")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _probability(text):
+    value = _parse(float, text, "a number")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return value
+
+
+def _parse(kind, text, what):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
 def run_train(args):
     """tinygrad-ckpt train: data -> GPT -> Trainer -> validation loss -> a sample."""
     parallel = from_environment()  # under `mpiexec -n N` (N > 1) a DataParallel, else None
@@ -122,8 +185,13 @@ def run_train(args):
 
 def _train(args, parallel):
     start = time.perf_counter()
-    tokenizer, train_data, val_data = load_char_datasets(args.data, args.block_size, args.val_fraction)
     training_args = TrainingArguments(**{f.name: getattr(args, f.name) for f in fields(TrainingArguments)})
+    if args.device == "cuda":
+        try:
+            backend.module_for("cuda")
+        except RuntimeError as e:  # CuPy or a GPU is missing: an optional dependency, not a bug
+            raise ImportError(str(e)) from None
+    tokenizer, train_data, val_data = load_char_datasets(args.data, args.block_size, args.val_fraction)
     random.manual_seed(args.seed)
     config = GPTConfig(
         block_size=args.block_size, vocab_size=tokenizer.vocab_size, n_layer=args.n_layer,
@@ -154,10 +222,13 @@ def _train(args, parallel):
     logs = [e for e in history if "loss" in e]
     if logs:
         print(f"training loss: {logs[0]['loss']:.4f} (step {logs[0]['step']}) -> {logs[-1]['loss']:.4f} (step {logs[-1]['step']})")
+    if trainer.state.nonfinite_steps:
+        print(f"skipped: {trainer.state.nonfinite_steps} optimizer step(s) with a non-finite loss or gradient norm")
     if evals:
         print(f"validation loss: {evals[-1]:.4f}")
     if args.output_dir is not None:
-        print(f"saved: {args.output_dir}/model.npz (model, tokenizer, config) and {args.output_dir}/checkpoint.npz (to resume)")
+        print(f"saved: {args.output_dir}/model.npz (model, tokenizer, config) and "
+              f"{args.output_dir}/checkpoint-{trainer.state.global_step}.npz (to resume)")
     if args.sample_chars > 0:
         model.eval()
         prompt = "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
@@ -169,35 +240,54 @@ def _train(args, parallel):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="tinygrad-ckpt",
         description="Train small models with gradient accumulation and activation checkpointing, "
                     "and watch the memory.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train = commands.add_parser("train", help="train a character-level GPT (embedded data by default)",
-                                description=run_train.__doc__)
+                                description=run_train.__doc__, epilog=_defaults_epilog())
     add_train_arguments(train)
     train.set_defaults(run=run_train)
     bench_parser = commands.add_parser("bench", help="compare checkpointing and accumulation strategies: tables, JSON, plots",
                                        description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(bench_parser)
     bench_parser.set_defaults(run=bench.run)
+    parser.subcommands = {"train": train, "bench": bench_parser}
+    for subcommand in parser.subcommands.values():
+        subcommand.add_argument("--debug", action="store_true",
+                                help="show the full traceback of an error, not only its one-line message")
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the subcommand, so the message points at its --help
+        parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
-    except (ValueError, OSError, ImportError, DistributedError) as e:  # bad input: say what is wrong, no traceback
-        print(f"tinygrad-ckpt {args.command}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as e:  # bad input: say what is wrong in one line, no traceback (unless --debug)
+        if args.debug:
+            abort_if_running(2, traceback=True)
+            raise
+        print(f"tinygrad-ckpt {args.command}: error: {_one_line(e)}", file=sys.stderr)
         abort_if_running(2)  # under mpiexec: stop the other processes too, or they would wait forever
         return 2
     except Exception:
         abort_if_running(1, traceback=True)  # the same, after the traceback (a plain run just raises)
         raise
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+
+
+def _one_line(error):
+    """The error's message on one line (a message listing several problems is joined with '; ')."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0].rstrip(":") + (": " + "; ".join(lines[1:]) if len(lines) > 1 else "") if lines else ""
+    if isinstance(error, MemoryError):
+        text = (f"out of memory ({text or type(error).__name__}); try a smaller --per-device-train-batch-size "
+                "with more --gradient-accumulation-steps, or --gradient-checkpointing")
+    return text or type(error).__name__

@@ -25,6 +25,7 @@ What does not live here: the training loop and the grouping of micro-batches
 into optimizer steps (train.py), the gradient accumulation (accumulate.py).
 """
 
+import zlib
 from pathlib import Path
 
 import numpy
@@ -133,6 +134,14 @@ class CharDataset:
 
     def __len__(self):
         return (len(self.ids) - self.block_size - 1) // self.stride + 1
+
+    def fingerprint(self):
+        """A short value that differs when the examples differ: a CRC-32 of the tokens, with the window.
+
+        Data-parallel processes compare it before training (distributed.py),
+        so that no two of them train on different text.
+        """
+        return [zlib.crc32(numpy.ascontiguousarray(self.ids).view(numpy.uint8)), len(self.ids), self.block_size, self.stride]
 
     def __getitem__(self, i):
         if not -len(self) <= i < len(self):

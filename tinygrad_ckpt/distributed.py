@@ -22,9 +22,13 @@ micro-batches reads the same examples in each step and takes the same step
 
 What each rank does, and when it talks to the others:
 
-  start          parameters (and buffers) are broadcast from rank 0, so every
-                 rank starts from the same values; ranks check that they hold
-                 the same model and the same TrainingArguments first.
+  start          ranks check that they hold the same TrainingArguments, model
+                 configuration, tokenizer, parameter shapes and data (`prepare`);
+                 then parameters (and buffers) are broadcast from rank 0, so
+                 every rank starts from the same values, and the Trainer
+                 checks their checksums once more before its first step
+                 (after a resume: every rank must have read the same
+                 checkpoint).
   micro-batch    each global micro-batch (per_device_train_batch_size x N
                  examples of the seed-only order) is cut into N contiguous
                  shares, sizes differing by at most one (`shard`); a rank
@@ -66,7 +70,7 @@ import os
 import sys
 import time
 import zlib
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 
 import numpy
 
@@ -193,9 +197,10 @@ class DataParallel:
         trainer = Trainer(model=model, args=args, train_dataset=train, distributed=parallel)
         trainer.train()             # every rank trains; only rank 0 prints and saves
 
-    The Trainer calls four hooks (see the module docstring for the why):
+    The Trainer calls these hooks (see the module docstring for the why):
 
-        prepare(model, accumulator, args, num_examples)   once, when the Trainer is built
+        prepare(model, accumulator, args, train_dataset, tokenizer)   once, when the Trainer is built
+        raise_if_any(error), check_in_sync()   at the start of train(), before the first step
         shard(indices)                  for each micro-batch: this rank's share of it
         all_reduce_(accumulator, stats) once per optimizer step, before write_grads()
         is_main_process                 only rank 0 logs, shows progress and saves
@@ -215,13 +220,19 @@ class DataParallel:
         self.flat_buffers = []  # the accumulation buffers' flat arrays, set by prepare
 
     # -- once, at the start ---------------------------------------------------------
-    def prepare(self, model, accumulator, args=None, num_examples=None):
+    def prepare(self, model, accumulator, args=None, train_dataset=None, tokenizer=None):
         """Check that all ranks agree, give them rank 0's parameters, bucket the accumulation buffers.
 
-        args / num_examples (TrainingArguments, len(train_dataset)): every rank
-        must read the same data the same way, or their shares would overlap or
-        miss examples; so they are compared too, and the data set must hold at
-        least one micro-batch for every rank.
+        Compared, in this order, each an error on every rank naming what
+        differs and on which rank: the parameters' names, shapes and dtypes,
+        the training arguments, the model's configuration (a dataclass
+        `model.config`, as GPTConfig), the tokenizer (its state_dict), and
+        the training data: its size, and its `fingerprint()` where the
+        data set has one (CharDataset: a CRC-32 of its tokens; a data set
+        without one is compared by size only, since reading all of it to
+        hash it could take long). Every rank must read the same data the
+        same way, or their shares would overlap or miss examples; so the
+        data set must also hold at least one micro-batch for every rank.
         """
         names = {id(p): name for name, p in model.named_parameters()}
         missing = [i for i, p in enumerate(accumulator.parameters) if id(p) not in names]
@@ -232,8 +243,16 @@ class DataParallel:
                              [(name, tuple(p.shape), str(p.dtype)) for name, p in self.named_parameters])
         if args is not None:
             self.same_everywhere("the training arguments", sorted(asdict(args).items()))
-        if num_examples is not None:
+        config = getattr(model, "config", None)
+        if is_dataclass(config):
+            self.same_everywhere("the model configuration", sorted(asdict(config).items()))
+        if tokenizer is not None:
+            self.same_everywhere("the tokenizer", sorted(tokenizer.state_dict().items()))
+        if train_dataset is not None:
+            num_examples = len(train_dataset)
             self.same_everywhere("the training data set's size", num_examples)
+            if hasattr(train_dataset, "fingerprint"):
+                self.same_everywhere("the training data (its fingerprint)", train_dataset.fingerprint())
             B = args.per_device_train_batch_size if args is not None else 1
             if num_examples < B * self.world_size:
                 raise ValueError(
@@ -247,6 +266,17 @@ class DataParallel:
             self.comm.broadcast_(buf.data)
         self.flat_buffers = bucket_buffers(accumulator)
         return self
+
+    def raise_if_any(self, error):
+        """Raise DistributedError on every rank if any rank passes an exception; `error` is None where all is well.
+
+        For a check only some ranks can make (rank 0 alone writes the output
+        directory): the others must stop too, not wait in the next collective.
+        """
+        messages = self.comm.all_gather(None if error is None else f"{type(error).__name__}: {error}")
+        for rank, message in enumerate(messages):
+            if message is not None:
+                raise DistributedError(f"rank {rank} cannot go on: {message}")
 
     def same_everywhere(self, what, value):
         """Raise DistributedError, on every rank, unless every rank passed an equal `value`."""

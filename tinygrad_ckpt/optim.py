@@ -1,4 +1,4 @@
-"""Optimizers, in order of increasing complexity: SGD, then AdamW; and clip_grad_norm_.
+"""Optimizers, in order of increasing complexity: SGD, then AdamW; and get_total_norm, clip_grad_norm_.
 
 An optimizer holds a list of parameters and, in `step()`, changes each one
 in place from its `.grad`, with exactly PyTorch's update formulas. Updates go
@@ -18,7 +18,10 @@ schedules and the training loop (train.py).
 
 import math
 
+import numpy
+
 from . import backend, memory
+from .tape import no_grad
 
 
 class Optimizer:
@@ -174,23 +177,50 @@ class AdamW(Optimizer):
             p.sub_(m / denom, alpha=self.lr / (1 - beta1**t))
 
 
-def clip_grad_norm_(parameters, max_norm):
+def get_total_norm(tensors, *, error_if_nonfinite=False):
+    """The L2 norm of all `tensors` together, as if flattened into one vector, as a Python float.
+
+        norm = sqrt(sum over tensors of sum(t^2))
+
+    As torch.nn.utils.get_total_norm (PyTorch 2.13). A NaN or infinite norm is
+    returned as it is, or, with error_if_nonfinite=True, raises RuntimeError
+    with PyTorch's message. No tensors: 0.0. The float is a host
+    synchronisation (on a GPU it waits for the arrays to be computed).
+    """
+    tensors = list(tensors)
+    if not tensors:
+        return 0.0
+    xp = backend.array_module(*(t.data for t in tensors))
+    total = xp.sqrt(sum(xp.vdot(t.data, t.data) for t in tensors))  # vdot flattens: sum(t * t)
+    norm = float(backend.to_host(backend.as_array(total)))
+    if error_if_nonfinite and not math.isfinite(norm):
+        raise RuntimeError(
+            "The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be "
+            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+            "`error_if_nonfinite=False`"
+        )
+    return norm
+
+
+def clip_grad_norm_(parameters, max_norm, *, error_if_nonfinite=False):
     """Scale all gradients by one factor so that their global L2 norm is at most max_norm.
 
-        norm = sqrt(sum over parameters of sum(g^2));  if norm > max_norm: g *= max_norm / (norm + 1e-6)
+        norm = get_total_norm(grads);  if norm > max_norm: g *= max_norm / (norm + 1e-6)
 
-    Returns the norm before clipping as a Python float. That float is the one
-    host synchronisation of a training step (on a GPU it waits for the
-    backward to finish), accepted here because callers log the norm.
+    Returns the norm before clipping as a Python float, as PyTorch 2.13's
+    torch.nn.utils.clip_grad_norm_ does (there a 0-d tensor), non-finite
+    norms included. A NaN or infinite norm raises RuntimeError with
+    error_if_nonfinite=True; with False (the default, as in PyTorch) the
+    gradients are scaled by the non-finite norm anyway, which turns them
+    into NaN (or zeros), as PyTorch does: test the returned norm before
+    stepping (the Trainer skips such a step). That float is the one host
+    synchronisation of a training step, accepted here because callers log it.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return 0.0
-    xp = backend.array_module(*(g.data for g in grads))
-    total = xp.sqrt(sum(xp.vdot(g.data, g.data) for g in grads))  # vdot flattens: sum(g * g)
-    norm = float(backend.to_host(backend.as_array(total)))
+    norm = get_total_norm(grads, error_if_nonfinite=error_if_nonfinite)
     coef = max_norm / (norm + 1e-6)
-    if coef < 1:
-        for g in grads:
-            g.mul_(coef)
+    if coef < 1 or math.isnan(coef):  # PyTorch multiplies by min(coef, 1), and min(nan, 1) is nan
+        with no_grad(), numpy.errstate(invalid="ignore"):  # inf * 0 is NaN here on purpose, as in PyTorch
+            for g in grads:
+                g.mul_(coef)
     return norm

@@ -4,7 +4,7 @@
                              learning_rate=1e-3, max_steps=200, output_dir="out")
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val)
     history = trainer.train()          # a list of log entries, one per logging_steps
-    trainer.train(resume_from_checkpoint=True)   # continue a stopped run exactly
+    trainer.train(resume_from_checkpoint=True)   # continue a stopped run exactly, from output_dir
 
 One optimizer step reads per_device_train_batch_size * gradient_accumulation_steps
 examples (the effective batch) as gradient_accumulation_steps micro-batches,
@@ -21,6 +21,22 @@ The order of examples comes from the seed alone (data.epoch_order), cut into
 effective batches, so two runs that differ only in how an effective batch is
 split into micro-batches see the same examples in every optimizer step.
 
+What the Trainer guards, so that a run never loses a good state:
+  - a step whose loss or gradient norm is NaN or infinite is skipped (the
+    parameters and optimizer state stay as they were), logged and counted;
+    max_consecutive_nonfinite_steps of them in a row stop the run with
+    FloatingPointError. A checkpoint or model that holds NaN or inf is never
+    written.
+  - checkpoints are output_dir/checkpoint-<step>.npz (the names Hugging
+    Face's Trainer gives its checkpoint folders); save_total_limit keeps the
+    newest few. Resuming takes the newest one that
+    verifies in full (serialization.load, then verify_checkpoint), skipping
+    damaged ones and saying so; one written by another model configuration,
+    tokenizer or batch layout is an error naming the difference, and nothing
+    is restored unless all of it can be.
+  - before the first step: the output directory must be writable, and the
+    temporary files of a save that was killed are removed.
+
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its
 share of every micro-batch, and the accumulators are summed across processes
@@ -32,9 +48,11 @@ optimizers (optim.py), the file format (serialization.py), the data set
 """
 
 import math
+import numbers
+import re
 import sys
 import time
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 import numpy
@@ -43,73 +61,118 @@ from . import backend, memory, nn, policies, random, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
 from .data import IGNORE_INDEX, collate, epoch_order
-from .optim import SGD, AdamW, clip_grad_norm_
+from .distributed import DistributedError
+from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
+from .serialization import CheckpointError
 from .tape import no_grad
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "linear", "cosine")
-CHECKPOINT_NAME = "checkpoint.npz"  # the resumable training state, in output_dir
+CHECKPOINT_PREFIX = "checkpoint"  # output_dir/checkpoint-<optimizer step>.npz: the resumable training state
 MODEL_NAME = "model.npz"  # the trained model (and tokenizer, config), in output_dir
+
+
+def _field(default, help, **more):
+    """A TrainingArguments field: its default, and the help `tinygrad-ckpt train --help` shows (cli.py)."""
+    return field(default=default, metadata={"help": help, **more})
 
 
 @dataclass
 class TrainingArguments:
-    """The knobs of a training run; names and meanings as in transformers.TrainingArguments."""
+    """The knobs of a training run; names and meanings as in transformers.TrainingArguments.
 
-    output_dir: str = None  # checkpoints and the final model go here; None: nothing is written
-    per_device_train_batch_size: int = 8  # examples per micro-batch (one forward + one backward)
-    per_device_eval_batch_size: int = 8  # examples per evaluation batch
-    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (1: no accumulation)
-    gradient_checkpointing: bool = False  # recompute activations in backward: model.gradient_checkpointing_enable()
-    gradient_checkpointing_kwargs: dict = None  # passed to it, e.g. {"segments": "sqrt", "policy": "selective_attention"}
-    learning_rate: float = 1e-3  # peak learning rate, after warmup
-    weight_decay: float = 0.0  # AdamW: decoupled decay; SGD: added to the gradient
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float = 1.0  # clip the global gradient norm to this (0: no clipping)
-    num_train_epochs: float = 1.0  # passes over the training data (ignored when max_steps > 0)
-    max_steps: int = -1  # optimizer steps to take; > 0 overrides num_train_epochs
-    lr_scheduler_type: str = "linear"  # 'constant', 'linear' (to 0) or 'cosine' (to 0), after warmup
-    warmup_steps: int = 0  # optimizer steps of linear warmup from lr/warmup_steps to lr
-    logging_steps: int = 10  # log (and print) the loss every this many optimizer steps
-    logging_first_step: bool = False  # also log after the first optimizer step (the starting loss)
-    eval_steps: int = 0  # evaluate every this many optimizer steps (0: only at the end)
-    save_steps: int = 0  # write the resumable state every this many optimizer steps (0: only at the end)
-    seed: int = 42  # decides the example order and the default random generator (dropout)
-    optim: str = "adamw"  # 'adamw' or 'sgd'
-    accumulation_dtype: str = None  # dtype of the accumulation buffers (e.g. 'float64'); None: the parameters'
-    disable_tqdm: bool = False  # True: no live progress line (log lines are still printed)
+    Every field is checked when the arguments are made: a ValueError names
+    the field, what it must be, and the value it got. The command line
+    (cli.py) makes one flag per field, with the help written here.
+    """
+
+    output_dir: str = _field(None, "where checkpoint-<step>.npz and model.npz are written (None: nothing is written)")
+    per_device_train_batch_size: int = _field(8, "examples per micro-batch (one forward + one backward)")
+    per_device_eval_batch_size: int = _field(8, "examples per evaluation batch")
+    gradient_accumulation_steps: int = _field(1, "micro-batches per optimizer step (1: no accumulation)")
+    gradient_checkpointing: bool = _field(False, "recompute activations in backward instead of keeping them "
+                                                 "(model.gradient_checkpointing_enable())")
+    gradient_checkpointing_kwargs: dict = _field(
+        None, "with gradient_checkpointing: its arguments, e.g. "
+              "{\"segments\": \"sqrt\", \"policy\": \"selective_attention\"} (None: every block, full recompute)")
+    learning_rate: float = _field(1e-3, "peak learning rate, after warmup")
+    weight_decay: float = _field(0.0, "AdamW: decoupled weight decay; SGD: added to the gradient")
+    adam_beta1: float = _field(0.9, "AdamW's first-moment decay")
+    adam_beta2: float = _field(0.999, "AdamW's second-moment decay")
+    adam_epsilon: float = _field(1e-8, "AdamW's epsilon")
+    max_grad_norm: float = _field(1.0, "clip the global gradient norm to this (0: no clipping)")
+    max_consecutive_nonfinite_steps: int = _field(
+        10, "stop after this many optimizer steps in a row with a NaN or infinite loss or gradient norm "
+            "(each such step is skipped: the parameters and optimizer state stay as they were)")
+    num_train_epochs: float = _field(1.0, "passes over the training data (used when max_steps <= 0)")
+    max_steps: int = _field(-1, "optimizer steps to take; > 0 overrides num_train_epochs")
+    lr_scheduler_type: str = _field("linear", "learning-rate schedule after warmup (to 0 for linear and cosine)",
+                                    choices=SCHEDULES)
+    warmup_steps: int = _field(0, "optimizer steps of linear warmup from lr/warmup_steps to lr")
+    logging_steps: int = _field(10, "log (and print) the loss every this many optimizer steps (0: never)")
+    logging_first_step: bool = _field(False, "also log after the first optimizer step (the starting loss)")
+    eval_steps: int = _field(0, "evaluate every this many optimizer steps (0: only at the end)")
+    save_steps: int = _field(0, "write a resumable checkpoint every this many optimizer steps (0: only at the end)")
+    save_total_limit: int = _field(None, "keep only the newest this many checkpoints in output_dir, deleting "
+                                         "older ones after each save (None: keep them all)")
+    seed: int = _field(42, "decides the example order and the default random generator (dropout)")
+    optim: str = _field("adamw", "the optimizer", choices=OPTIMIZERS)
+    accumulation_dtype: str = _field(None, "dtype of the accumulation buffers, e.g. float64 (None: the parameters')")
+    disable_tqdm: bool = _field(False, "no live progress line (log lines are still printed)")
 
     def __post_init__(self):
-        def positive_int(name, minimum=1, hint=""):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, numpy.integer)) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}{hint}")
-
-        positive_int("per_device_train_batch_size", hint=" (the number of examples in one micro-batch)")
-        positive_int("per_device_eval_batch_size")
-        positive_int("gradient_accumulation_steps", hint=" (1 means no accumulation)")
-        for name in ("logging_steps", "eval_steps", "save_steps", "warmup_steps"):
-            positive_int(name, minimum=0)
-        if self.optim not in OPTIMIZERS:
-            raise ValueError(f"optim must be one of {OPTIMIZERS}, got {self.optim!r}")
-        if self.lr_scheduler_type not in SCHEDULES:
-            raise ValueError(f"lr_scheduler_type must be one of {SCHEDULES}, got {self.lr_scheduler_type!r}")
-        if not self.learning_rate >= 0:
-            raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}")
-        if not self.weight_decay >= 0 or not self.max_grad_norm >= 0:
-            raise ValueError("weight_decay and max_grad_norm must be >= 0 (max_grad_norm 0 turns clipping off)")
-        if not isinstance(self.max_steps, (int, numpy.integer)) or isinstance(self.max_steps, bool):
-            raise ValueError(f"max_steps must be an integer, got {self.max_steps!r}")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "max_consecutive_nonfinite_steps"):
+            self._check_int(name, minimum=1)
+        for name in ("warmup_steps", "logging_steps", "eval_steps", "save_steps", "seed"):
+            self._check_int(name, minimum=0)
+        self._check_int("max_steps", minimum=None)  # <= 0: num_train_epochs decides
+        if self.save_total_limit is not None:
+            self._check_int("save_total_limit", minimum=1, hint=" or None to keep every checkpoint")
+        self._check_number("learning_rate", "a finite number > 0", lambda v: v > 0)
+        self._check_number("adam_epsilon", "a finite number > 0", lambda v: v > 0)
+        for name in ("weight_decay", "max_grad_norm", "num_train_epochs"):
+            self._check_number(name, "a finite number >= 0", lambda v: v >= 0)
+        for name in ("adam_beta1", "adam_beta2"):
+            self._check_number(name, "a number in [0, 1)", lambda v: 0 <= v < 1)
+        for name in ("gradient_checkpointing", "logging_first_step", "disable_tqdm"):
+            if not isinstance(getattr(self, name), (bool, numpy.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices is not None and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
+        if self.output_dir is not None and (not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == ""):
+            raise ValueError(f"output_dir must be a directory path or None, got {self.output_dir!r}")
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise ValueError(
                 f"nothing to train: max_steps is {self.max_steps} and num_train_epochs is {self.num_train_epochs}; "
                 "set max_steps > 0 or num_train_epochs > 0"
             )
-        if self.accumulation_dtype is not None:
-            numpy.dtype(self.accumulation_dtype)  # a TypeError names a bad dtype
+        self._check_accumulation_dtype()
         self._check_gradient_checkpointing_kwargs()
+
+    def _check_int(self, name, minimum, hint=""):
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, numpy.integer)) or (minimum is not None and value < minimum):
+            requirement = "an integer" if minimum is None else f"an integer >= {minimum}"
+            raise ValueError(f"{name} must be {requirement}{hint}, got {value!r}")
+
+    def _check_number(self, name, requirement, holds):
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not holds(value):
+            raise ValueError(f"{name} must be {requirement}, got {value!r}")
+
+    def _check_accumulation_dtype(self):
+        if self.accumulation_dtype is None:
+            return
+        try:
+            dtype = numpy.dtype(self.accumulation_dtype)
+        except (TypeError, ValueError):
+            dtype = None
+        if dtype is None or dtype.kind != "f":
+            raise ValueError(f"accumulation_dtype must be a floating dtype such as 'float32' or 'float64' (or None "
+                             f"for the parameters' own), got {self.accumulation_dtype!r}")
 
     def _check_gradient_checkpointing_kwargs(self):
         """Plain data only (names, numbers, lists), since the arguments are saved with the run."""
@@ -179,13 +242,76 @@ def create_optimizer(parameters, args):
 class TrainerState:
     """Where a run is: enough, with the model, optimizer and RNG, to resume it exactly."""
 
-    global_step: int = 0  # optimizer steps taken
+    global_step: int = 0  # optimizer steps taken (skipped ones included: their examples were read)
     epoch: int = 0  # the epoch being read
     micro_step: int = 0  # micro-batches of this epoch already consumed (always at a group boundary)
     log_history: list = None  # one dict per log entry
+    nonfinite_steps: int = 0  # optimizer steps skipped for a NaN or infinite loss or gradient norm, in all
+    consecutive_nonfinite_steps: int = 0  # ... in a row, up to now
 
     def __post_init__(self):
         self.log_history = [] if self.log_history is None else self.log_history
+
+
+# -- the checkpoints of a run: output_dir/checkpoint-<step>.npz ---------------------------
+def checkpoint_path(output_dir, step):
+    """Where the checkpoint of optimizer step `step` is written: output_dir/checkpoint-<step>.npz."""
+    return Path(output_dir) / f"{CHECKPOINT_PREFIX}-{step}.npz"
+
+
+def sorted_checkpoints(directory):
+    """[(step, path)] of the checkpoint-<step>.npz files in `directory`, newest (highest step) first."""
+    pattern = re.compile(rf"{CHECKPOINT_PREFIX}-(\d+)\.npz")
+    found = []
+    for path in Path(directory).iterdir():
+        match = pattern.fullmatch(path.name)
+        if match is not None and path.is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def verify_checkpoint(path):
+    """Read a Trainer checkpoint and check all of it; returns what serialization.load returns.
+
+    On top of serialization.load's checks (every byte, every array's dtype
+    and shape, the metadata's types): it holds a model, an optimizer, the
+    Trainer's state of the right types, and only finite parameters and
+    optimizer state. Any problem raises CheckpointError naming the file.
+    """
+    checkpoint = serialization.load(path)
+    where = repr(str(path))
+
+    def expect(condition, what):
+        if not condition:
+            raise CheckpointError(f"{where} is not a resumable Trainer checkpoint: {what}")
+
+    def count(value):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    expect(checkpoint["model"] is not None and checkpoint["optimizer"] is not None,
+           "it holds no model or no optimizer state")
+    extra = checkpoint["extra"]
+    state = extra.get("trainer_state")
+    names = {f.name for f in fields(TrainerState)}
+    expect(isinstance(state, dict) and set(state) <= names, "'trainer_state' is not a TrainerState")
+    expect(all(count(v) for k, v in state.items() if k != "log_history"), "'trainer_state' holds a bad step count")
+    expect(isinstance(state.get("log_history", []), list) and all(isinstance(e, dict) for e in state.get("log_history", [])),
+           "'trainer_state' holds a log history that is not a list of dicts")
+    expect(isinstance(extra.get("rng_states"), list) and all(isinstance(r, dict) for r in extra["rng_states"]),
+           "'rng_states' is not a list of generator states")
+    layout = extra.get("batch_layout")
+    expect(isinstance(layout, list) and len(layout) == 3 and all(count(v) for v in layout),
+           "'batch_layout' is not [per_device_train_batch_size, gradient_accumulation_steps, seed]")
+    expect(count(extra.get("world_size", 1)) and extra.get("world_size", 1) >= 1, "'world_size' is not a process count")
+    for key in ("config", "tokenizer"):
+        expect(isinstance(extra.get(key, {}), dict), f"{key!r} is not a dict")
+    arrays = [(f"model/{name}", a) for name, a in checkpoint["model"].items()]
+    arrays += [(f"optimizer/{key}/{i}", a) for key, values in checkpoint["optimizer"]["state"].items()
+               for i, a in enumerate(values)]
+    for name, array in arrays:
+        if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
+            raise CheckpointError(f"{where} holds non-finite values (NaN or inf) in {name}; it cannot be resumed from")
+    return checkpoint
 
 
 class Trainer:
@@ -227,9 +353,11 @@ class Trainer:
         self.distributed = distributed
         self.world_size = 1 if distributed is None else distributed.world_size
         self.is_main_process = distributed is None or distributed.is_main_process  # only it prints and saves
-        if distributed is not None:  # same model and args everywhere, rank 0's parameters, flat buffers
-            distributed.prepare(model, self.accumulator, args, len(train_dataset))
+        if distributed is not None:  # same model, config, tokenizer, args and data everywhere; flat buffers
+            distributed.prepare(model, self.accumulator, args, train_dataset, tokenizer)
         self.state = TrainerState()
+        self.resumed_from = None  # the checkpoint train(resume_from_checkpoint=...) continued from
+        self.skipped_checkpoints = []  # [(path, why)]: newer checkpoints it could not use
 
     # -- sizes ------------------------------------------------------------------
     @property
@@ -275,17 +403,26 @@ class Trainer:
     def train(self, resume_from_checkpoint=None):
         """Run to total_steps optimizer steps; returns the log history (a list of dicts).
 
-        resume_from_checkpoint: True (the checkpoint in output_dir) or a path:
+        resume_from_checkpoint: True (the newest checkpoint in output_dir
+        that verifies), a directory (the same, there) or a checkpoint file:
         the run continues from the saved step with the same data order,
         optimizer state and random state, so its losses are those the
-        uninterrupted run would have logged.
+        uninterrupted run would have logged. Newer checkpoints that are
+        damaged are skipped, and said so (self.skipped_checkpoints).
+
+        Before the first step: the output directory must be writable (and
+        temporary files of an interrupted save are removed from it); with
+        several processes, every process must hold the same parameters.
         """
         args, acc = self.args, self.accumulator
+        self._prepare_output_dir()
         if resume_from_checkpoint:
             self._load_checkpoint(resume_from_checkpoint)  # sets self.state, the model, optimizer and RNG
         else:
             random.manual_seed(args.seed)
             self.state = TrainerState()
+        if self.distributed is not None:
+            self._check_ranks_start_together()
         state = self.state
         B, total = args.per_device_train_batch_size * self.world_size, self.total_steps  # B: all processes' examples
         progress = _Progress(total, enabled=not args.disable_tqdm and self.is_main_process)
@@ -311,15 +448,20 @@ class Trainer:
                     del loss
                 if not acc.accumulate(items, end_of_data=(m == n_micro - 1)):
                     continue
-                # The group is complete: one optimizer step with the mean gradient.
+                # The group is complete: one optimizer step with the mean gradient, unless it is not finite.
                 lr = get_learning_rate(state.global_step, args, total)
-                grad_norm = self._optimizer_step(lr, step)
+                grad_norm, nonfinite = self._optimizer_step(lr, step)
                 state.global_step += 1
                 state.micro_step = m + 1
                 if state.micro_step == n_micro:  # the epoch is done
                     state.epoch, state.micro_step = state.epoch + 1, 0
-                for key in step:
-                    window[key] += step[key]
+                if nonfinite:
+                    self._skipped(nonfinite, progress)  # logs and counts it; raises after too many in a row
+                    grad_norm = None  # the log shows the norm of steps that were taken
+                else:
+                    state.consecutive_nonfinite_steps = 0
+                    for key in step:
+                        window[key] += step[key]
                 progress.update(state.global_step, step)
                 step = dict.fromkeys(step, 0)
                 self._maybe_log_eval_save(window, lr, grad_norm, progress, total)
@@ -337,28 +479,61 @@ class Trainer:
     def _optimizer_step(self, lr, step):
         """write_grads (divide by the group's items), clip, step, zero: nanoGPT's order.
 
+        Returns (gradient norm, None), or (gradient norm, what was not
+        finite) for a step that was skipped: when the loss or the gradient
+        norm is NaN or infinite, the optimizer does not step, so the
+        parameters and the optimizer state stay as they were (what
+        mixed-precision loss scalers do with an overflowing step).
+
         With several processes, their buffers, item counts and `step`'s sums
         (for the log) are first added up across processes: one all-reduce per
         buffer dtype and one for the counts, the only communication of a step.
+        Every process then sees the same loss and norm, and skips or steps alike.
         """
         if self.distributed is not None:
             self.distributed.all_reduce_(self.accumulator, step)
         self.accumulator.write_grads()
-        grad_norm = clip_grad_norm_(self.optimizer.params, self.args.max_grad_norm) if self.args.max_grad_norm else None
-        self.optimizer.lr = lr
-        self.optimizer.step()
+        params = self.optimizer.params
+        if self.args.max_grad_norm:
+            grad_norm = clip_grad_norm_(params, self.args.max_grad_norm)
+        else:
+            grad_norm = get_total_norm(p.grad for p in params if p.grad is not None)
+        nonfinite = ", ".join(f"{name} {value}" for name, value in (("loss", step["loss"]), ("grad_norm", grad_norm))
+                              if not math.isfinite(value))
+        if not nonfinite:
+            self.optimizer.lr = lr
+            self.optimizer.step()
         self.accumulator.zero_grad()
-        return grad_norm
+        return (grad_norm if self.args.max_grad_norm else None), (nonfinite or None)
+
+    def _skipped(self, nonfinite, progress):
+        """Count and log a skipped step; after max_consecutive_nonfinite_steps in a row, stop."""
+        state, limit = self.state, self.args.max_consecutive_nonfinite_steps
+        state.nonfinite_steps += 1
+        state.consecutive_nonfinite_steps += 1
+        self._log({"step": state.global_step, "skipped": nonfinite,
+                   "consecutive_nonfinite_steps": state.consecutive_nonfinite_steps,
+                   "nonfinite_steps": state.nonfinite_steps}, progress)
+        if state.consecutive_nonfinite_steps >= limit:
+            progress.close()
+            first = state.global_step - limit + 1
+            raise FloatingPointError(
+                f"{limit} optimizer steps in a row (steps {first} to {state.global_step}) had a non-finite loss "
+                f"or gradient norm (the last: {nonfinite}); none of them changed the parameters, which are "
+                f"those after step {first - 1}. Stopping: lower the learning rate, look for bad examples in "
+                "the data, or raise max_consecutive_nonfinite_steps"
+            )
 
     def _maybe_log_eval_save(self, window, lr, grad_norm, progress, total):
         args, step = self.args, self.state.global_step
         first = args.logging_first_step and step == 1
-        if args.logging_steps and (step % args.logging_steps == 0 or step == total or first):
+        logging_step = args.logging_steps and (step % args.logging_steps == 0 or step == total or first)
+        if logging_step and window["items"]:  # no entry for a window of skipped steps only
             elapsed = time.perf_counter() - window["time"]
             entry = {
                 "step": step,
                 "epoch": round(self.state.epoch + self.state.micro_step / self.micro_batches_per_epoch, 4),
-                "loss": window["loss"] / max(1, window["items"]),  # mean per token over the window
+                "loss": window["loss"] / window["items"],  # mean per token over the window
                 "learning_rate": lr,
                 "tokens_per_second": window["tokens"] / max(elapsed, 1e-9),
                 "memory": memory.total(),
@@ -396,16 +571,55 @@ class Trainer:
         self.model.train()
         return {"eval_loss": total / max(1, items)}
 
+    # -- before the first step ------------------------------------------------------
+    def _prepare_output_dir(self):
+        """Fail now, not at the first save, if output_dir cannot be written; remove stale temporary files.
+
+        Only process 0 writes, so only it looks; with several processes they
+        all stop together if it finds a problem.
+        """
+        error = None
+        if self.is_main_process and self.args.output_dir is not None:
+            try:
+                serialization.check_writable(self.args.output_dir)
+                removed = serialization.remove_stale_temporary_files(self.args.output_dir)
+            except OSError as e:
+                error = e
+            else:
+                if removed:
+                    print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
+                          f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
+        if self.distributed is not None:
+            self.distributed.raise_if_any(error)
+        elif error is not None:
+            raise error
+
+    def _check_ranks_start_together(self):
+        """Every process must start from the same parameters (after a resume too: the same checkpoint)."""
+        try:
+            self.distributed.check_in_sync()
+        except DistributedError as e:
+            if self.resumed_from is None:
+                raise
+            raise type(e)(f"after resuming from {str(self.resumed_from)!r}: {e}; every process must read "
+                          "the same checkpoint (a directory all of them share)") from None
+
     # -- saving and resuming ------------------------------------------------------
     def save_checkpoint(self, path=None):
-        """Write everything needed to resume, atomically (a crash keeps the last good file).
+        """Write everything needed to resume, atomically (a crash keeps the checkpoints already written).
 
-        With several processes only process 0 writes (the others hold the same
-        model and optimizer state) and the others return None.
+        path: None for output_dir/checkpoint-<global_step>.npz, after which
+        the oldest checkpoints beyond save_total_limit are deleted. Refuses
+        (FloatingPointError) to write a parameter or optimizer state that is
+        not finite. With several processes only process 0 writes (the others
+        hold the same model and optimizer state) and the others return None.
         """
         if not self.is_main_process:
             return None
-        path = Path(self.args.output_dir) / CHECKPOINT_NAME if path is None else Path(path)
+        if path is None and self.args.output_dir is None:
+            raise ValueError("save_checkpoint(): output_dir is None, so there is nowhere to save; pass a path")
+        self._check_finite("save a checkpoint")
+        path = checkpoint_path(self.args.output_dir, self.state.global_step) if path is None else Path(path)
         extra = {
             "trainer_state": asdict(self.state),
             "rng_states": [g.bit_generator.state for g in self._generators()],  # dropout masks to come
@@ -413,38 +627,131 @@ class Trainer:
             "world_size": self.world_size,  # micro_step counts micro-batches of all processes together
             "training_args": asdict(self.args),  # for the reader; resuming uses the args it is given
         }
-        if self.tokenizer is not None:
-            extra["tokenizer"] = self.tokenizer.state_dict()
+        extra.update(self._model_description())
         path.parent.mkdir(parents=True, exist_ok=True)
         serialization.save(path, model=self.model, optimizer=self.optimizer, extra=extra)
+        if self.args.output_dir is not None and path.parent.resolve() == Path(self.args.output_dir).resolve():
+            self._rotate_checkpoints(self.state.global_step)
         return path
 
+    def _rotate_checkpoints(self, saved_step):
+        """Keep the checkpoint just written and the newest save_total_limit - 1 older ones.
+
+        Checkpoints of later steps (left by a run that went further, and
+        skipped when this one resumed) are never deleted here.
+        """
+        limit = self.args.save_total_limit
+        if limit is None:
+            return
+        older = [path for step, path in sorted_checkpoints(self.args.output_dir) if step < saved_step]
+        for path in older[limit - 1:]:
+            path.unlink(missing_ok=True)
+
+    def _check_finite(self, doing):
+        """Raise FloatingPointError naming the first parameter, buffer or optimizer state that holds NaN or inf."""
+        arrays = [(f"parameter {name!r}", p.data) for name, p in self.model.named_parameters()]
+        arrays += [(f"buffer {name!r}", b.data) for name, b in self.model.named_buffers()]
+        arrays += [(f"optimizer state {key}[{i}]", a) for key in self.optimizer.state_names
+                   for i, a in enumerate(getattr(self.optimizer, key))]
+        for name, array in arrays:
+            xp = backend.module_of(array)
+            if array.dtype.kind in "fc" and not bool(backend.to_host(backend.as_array(xp.isfinite(array).all()))):
+                raise FloatingPointError(
+                    f"refusing to {doing}: {name} holds NaN or inf, so the model has diverged; the checkpoints "
+                    "already written are kept. Resume from the newest one with a lower learning rate"
+                )
+
+    def _model_description(self):
+        """The model's configuration (a dataclass, as GPTConfig) and the tokenizer, as JSON values."""
+        description = {}
+        config = getattr(self.model, "config", None)
+        if is_dataclass(config):
+            description["config"] = asdict(config)
+        if self.tokenizer is not None:
+            description["tokenizer"] = self.tokenizer.state_dict()
+        return description
+
     def _load_checkpoint(self, where):
-        path = Path(self.args.output_dir or ".") / CHECKPOINT_NAME if where is True else Path(where)
-        if path.is_dir():
-            path = path / CHECKPOINT_NAME
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint to resume from at {str(path)!r}; was the run saved (save_steps / output_dir)?")
-        extra = serialization.restore(path, model=self.model, optimizer=self.optimizer)
+        """Restore the newest checkpoint that verifies (of `where`: True, a directory or a file).
+
+        A damaged checkpoint (CheckpointError) is skipped for the next older
+        one, and said so; one written by another model, tokenizer, batch
+        layout or number of processes is an error, since every checkpoint of
+        the directory comes from the same run. Everything is checked before
+        anything is restored.
+        """
+        if where is True:
+            if self.args.output_dir is None:
+                raise ValueError("resume_from_checkpoint=True looks in output_dir, which is None; "
+                                 "set output_dir or pass the checkpoint's path")
+            where = self.args.output_dir
+        where = Path(where)
+        if where.is_dir():
+            candidates = [path for _, path in sorted_checkpoints(where)]
+            if not candidates:
+                raise FileNotFoundError(f"no checkpoint to resume from in {str(where)!r} (no {CHECKPOINT_PREFIX}-<step>.npz); "
+                                        "was the run saved (save_steps / output_dir)?")
+        elif where.exists():
+            candidates = [where]
+        else:
+            raise FileNotFoundError(f"no checkpoint to resume from at {str(where)!r}; was the run saved (save_steps / output_dir)?")
+        self.skipped_checkpoints = []
+        for path in candidates:
+            try:
+                checkpoint = verify_checkpoint(path)
+            except CheckpointError as e:
+                if len(candidates) == 1:
+                    raise
+                self.skipped_checkpoints.append((path, str(e)))
+                if self.is_main_process:
+                    print(f"resume: skipped {path}: {e}", file=sys.stderr)
+                continue
+            self._restore(checkpoint, path)
+            self.resumed_from = path
+            if self.is_main_process and self.skipped_checkpoints:
+                print(f"resume: continuing from {path} (optimizer step {self.state.global_step})", file=sys.stderr)
+            return path
+        raise CheckpointError(f"no checkpoint in {str(where)!r} can be resumed from: all {len(candidates)} are damaged "
+                              f"(the newest: {self.skipped_checkpoints[0][1]})")
+
+    def _restore(self, checkpoint, path):
+        """Check that `checkpoint` belongs to this run, then restore the model, optimizer, state and RNG."""
+        extra, args, where = checkpoint["extra"], self.args, repr(str(path))
         B, G, seed = extra["batch_layout"]
-        args = self.args
         if (B, G, seed) != (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed):
             raise ValueError(
-                f"the checkpoint was written with per_device_train_batch_size={B}, gradient_accumulation_steps={G}, "
+                f"the checkpoint {where} was written with per_device_train_batch_size={B}, gradient_accumulation_steps={G}, "
                 f"seed={seed}; resume with the same values so the data position means the same examples"
             )
         if extra.get("world_size", 1) != self.world_size:
             raise ValueError(
-                f"the checkpoint was written by {extra.get('world_size', 1)} process(es), this run has "
+                f"the checkpoint {where} was written by {extra.get('world_size', 1)} process(es), this run has "
                 f"{self.world_size}: resume with the same `mpiexec -n` so the data position means the same examples"
             )
-        self.state = TrainerState(**extra["trainer_state"])
+        ours = self._model_description()
+        for key, what in (("tokenizer", "tokenizer"), ("config", "model configuration")):
+            if key in ours and key in extra:
+                for name in list(ours[key]) + [n for n in extra[key] if n not in ours[key]]:
+                    if ours[key].get(name) != extra[key].get(name):
+                        raise ValueError(
+                            f"cannot resume from {where}: its {what} differs in {name!r}: "
+                            f"{_difference(extra[key].get(name), ours[key].get(name))}; resume with the "
+                            f"{'data' if key == 'tokenizer' else 'model settings'} the checkpoint was written with"
+                        )
         generators = self._generators()
         if len(extra["rng_states"]) != len(generators):
             raise ValueError(
-                f"the checkpoint holds {len(extra['rng_states'])} random generator states, this model uses "
+                f"the checkpoint {where} holds {len(extra['rng_states'])} random generator states, this model uses "
                 f"{len(generators)}: resume with the model the checkpoint was written from"
             )
+        for g, saved in zip(generators, extra["rng_states"]):
+            try:  # on a throwaway generator first: nothing is restored unless all of it can be
+                type(g.bit_generator)().state = saved
+            except (TypeError, ValueError, KeyError) as e:
+                raise CheckpointError(f"{where} holds a random generator state that does not fit "
+                                      f"{type(g.bit_generator).__name__} ({type(e).__name__}: {e})") from None
+        serialization.restore(checkpoint, model=self.model, optimizer=self.optimizer)  # checks, then copies
+        self.state = TrainerState(**extra["trainer_state"])
         for g, saved in zip(generators, extra["rng_states"]):
             g.bit_generator.state = saved
 
@@ -460,25 +767,35 @@ class Trainer:
     def save_model(self, path=None):
         """Write the trained model (with the tokenizer and the model's config, if any) atomically.
 
-        Only process 0 writes; the others return None.
+        Refuses (FloatingPointError) a model that holds NaN or inf. Only
+        process 0 writes; the others return None.
         """
         if not self.is_main_process:
             return None
+        if path is None and self.args.output_dir is None:
+            raise ValueError("save_model(): output_dir is None, so there is nowhere to save; pass a path")
+        self._check_finite("save the model")
         path = Path(self.args.output_dir) / MODEL_NAME if path is None else Path(path)
-        extra = {}
-        if self.tokenizer is not None:
-            extra["tokenizer"] = self.tokenizer.state_dict()
-        config = getattr(self.model, "config", None)
-        if is_dataclass(config):
-            extra["config"] = asdict(config)
         path.parent.mkdir(parents=True, exist_ok=True)
-        serialization.save(path, model=self.model, extra=extra)
+        serialization.save(path, model=self.model, extra=self._model_description())
         return path
+
+
+def _difference(saved, ours):
+    """'the checkpoint has X, this run has Y', pointing at the first difference of two strings or lists."""
+    if isinstance(saved, (str, list)) and isinstance(ours, (str, list)) and len(saved) > 8:
+        at = next((i for i, (a, b) in enumerate(zip(saved, ours)) if a != b), min(len(saved), len(ours)))
+        return (f"the checkpoint's has {len(saved)} entries, this run's {len(ours)}; the first difference is at "
+                f"position {at}: {saved[at:at + 1]!r} against {ours[at:at + 1]!r}")
+    return f"the checkpoint has {saved!r}, this run has {ours!r}"
 
 
 def format_log(entry, total_steps):
     """One printed line per log entry: 'step 10/200 | loss 2.8431 | lr 1.00e-03 | ...'."""
     parts = [f"step {entry['step']}/{total_steps}"]
+    if "skipped" in entry:
+        parts.append(f"skipped, not finite: {entry['skipped']}; parameters unchanged "
+                     f"({entry['consecutive_nonfinite_steps']} in a row, {entry['nonfinite_steps']} in all)")
     if "epoch" in entry:
         parts.append(f"epoch {entry['epoch']:.2f}")
     if "loss" in entry:
