@@ -2,8 +2,10 @@
 
 An optimizer holds a list of parameters and, in `step()`, changes each one
 in place from its `.grad`, with exactly PyTorch's update formulas. Updates go
-through the Tensor in-place methods (`add_`, `mul_`, `sub_`), so every
-parameter's `_version` is bumped, as a checkpoint's stale-input check needs.
+through the Tensor in-place methods (`add_`, `mul_`, `sub_`) under
+`no_grad()`, as in PyTorch (an in-place change of a parameter is an error
+with gradients on), so every parameter's version is bumped: a backward that
+would use a parameter saved before the step refuses to run.
 
 Optimizer state (momentum, Adam's two moments) is one array per parameter,
 allocated next to it on its device (no host round trip) and counted as
@@ -19,6 +21,7 @@ schedules and the training loop (train.py).
 import math
 
 from . import backend, memory
+from .tape import no_grad
 
 
 class Optimizer:
@@ -115,19 +118,20 @@ class SGD(Optimizer):
         self.momentum_buffer = self._zeros_like_params() if momentum else []
 
     def step(self):
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue  # no gradient this step: leave it alone, as PyTorch does
-            self.steps[i] += 1
-            d = p.grad.data
-            if self.weight_decay:
-                d = d + self.weight_decay * p.data
-            if self.momentum:
-                buf = self.momentum_buffer[i]
-                buf *= self.momentum
-                buf += d
-                d = buf
-            p.sub_(d, alpha=self.lr)
+        with no_grad():
+            for i, p in enumerate(self.params):
+                if p.grad is None:
+                    continue  # no gradient this step: leave it alone, as PyTorch does
+                self.steps[i] += 1
+                d = p.grad.data
+                if self.weight_decay:
+                    d = d + self.weight_decay * p.data
+                if self.momentum:
+                    buf = self.momentum_buffer[i]
+                    buf *= self.momentum
+                    buf += d
+                    d = buf
+                p.sub_(d, alpha=self.lr)
 
 
 class AdamW(Optimizer):
@@ -156,22 +160,23 @@ class AdamW(Optimizer):
 
     def step(self):
         beta1, beta2 = self.betas
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            self.steps[i] += 1
-            t = self.steps[i]
-            g, m, v = p.grad.data, self.exp_avg[i], self.exp_avg_sq[i]
-            if self.weight_decay:
-                p.mul_(1 - self.lr * self.weight_decay)
-            m *= beta1
-            m += (1 - beta1) * g
-            v *= beta2
-            v += (1 - beta2) * (g * g)
-            denom = backend.module_of(v).sqrt(v)
-            denom /= math.sqrt(1 - beta2**t)
-            denom += self.eps
-            p.sub_(m / denom, alpha=self.lr / (1 - beta1**t))
+        with no_grad():
+            for i, p in enumerate(self.params):
+                if p.grad is None:
+                    continue
+                self.steps[i] += 1
+                t = self.steps[i]
+                g, m, v = p.grad.data, self.exp_avg[i], self.exp_avg_sq[i]
+                if self.weight_decay:
+                    p.mul_(1 - self.lr * self.weight_decay)
+                m *= beta1
+                m += (1 - beta1) * g
+                v *= beta2
+                v += (1 - beta2) * (g * g)
+                denom = backend.module_of(v).sqrt(v)
+                denom /= math.sqrt(1 - beta2**t)
+                denom += self.eps
+                p.sub_(m / denom, alpha=self.lr / (1 - beta1**t))
 
 
 def clip_grad_norm_(parameters, max_norm):
@@ -191,6 +196,7 @@ def clip_grad_norm_(parameters, max_norm):
     norm = float(backend.to_host(backend.as_array(total)))
     coef = max_norm / (norm + 1e-6)
     if coef < 1:
-        for g in grads:
-            g.mul_(coef)
+        with no_grad():
+            for g in grads:
+                g.mul_(coef)
     return norm
