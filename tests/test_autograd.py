@@ -155,3 +155,10 @@ def test_switches_nest_and_restore():
     finally:
         autograd.set_detect_anomaly(False)
     assert not autograd.is_anomaly_enabled()
+
+
+def test_reachable_as_tinygrad_ckpt_autograd():
+    import tinygrad_ckpt
+
+    with tinygrad_ckpt.autograd.detect_anomaly():
+        assert tinygrad_ckpt.autograd.is_anomaly_enabled()

@@ -478,6 +478,31 @@ def test_promotion_of_numbers_matches_pytorch(dtype):
                 numpy.testing.assert_allclose(ours.numpy(), expected.numpy(), rtol=1e-6)
 
 
+# -- one rule for gradients nobody asked for (function.py) -------------------------------
+def _ops_with_several_inputs():
+    a, b = numpy.array([[0.5, -1.0], [2.0, 0.3]]), numpy.array([[1.5, 0.7], [0.4, 1.1]])
+    row = numpy.array([0.2, -0.4])
+    return {
+        "Add": (lambda x, y: x + y, [a, b]), "Sub": (lambda x, y: x - y, [a, b]),
+        "Mul": (lambda x, y: x * y, [a, b]), "Div": (lambda x, y: x / y, [a, b]),
+        "Pow": (lambda x, y: x**y, [b, a]), "Where": (lambda x, y: F.where(a > 0, x, y), [a, b]),
+        "MatMul": (lambda x, y: x @ y, [a, b]), "Linear": (lambda x, w, c: F.linear(x, w, c), [a, b, row]),
+        "LayerNorm": (lambda x, w, c: F.layer_norm(x, 2, w, c), [a, row, row]),
+        "Cat": (lambda x, y: F.cat([x, y]), [a, b]), "Stack": (lambda x, y: F.stack([x, y]), [a, b]),
+    }
+
+
+@pytest.mark.parametrize("op", list(_ops_with_several_inputs()))
+def test_backward_returns_none_exactly_for_inputs_that_need_no_gradient(op):
+    fn, arrays = _ops_with_several_inputs()[op]
+    for needed in range(len(arrays)):
+        inputs = [Tensor(a, requires_grad=i == needed) for i, a in enumerate(arrays)]
+        out = fn(*inputs)
+        assert out.grad_fn.name == op
+        grads = out.grad_fn.op.backward(out.grad_fn.ctx, out.data * 0 + 1)
+        assert [g is not None for g in grads] == [i == needed for i in range(len(arrays))], f"needed: input {needed}"
+
+
 # -- the checker itself must be able to fail -------------------------------------------
 def test_gradcheck_catches_a_wrong_backward():
     from tinygrad_ckpt.function import Function

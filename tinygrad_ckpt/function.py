@@ -15,8 +15,10 @@ plain attributes on ctx.
 The one rule for gradients nobody asked for: `ctx.needs_input_grad` holds
 one bool per tensor input (all False under no_grad). `forward` need not
 save what only a False input's gradient would read, and `backward` returns
-None for every False input without computing it. An op with one tensor
-input need not look: its backward runs only when that input needs a gradient.
+None for every False input without computing it (and None for a True one
+that gets its gradient another way: a checkpoint's parameters). An op with
+one tensor input need not look: its backward runs only when that input
+needs a gradient.
 
 `Function.apply(*tensors, **options)` runs the op on tensors: it checks that
 the inputs share a device and a dtype, runs forward through the active tape,
@@ -27,7 +29,9 @@ refuse to run on an array changed in place since (tape.check_versions).
 
 0-d results: NumPy hands back a scalar (numpy.float64), not a 0-d array, from
 most operations on 0-d arrays. `run_forward` and `run_backward` are the one
-place where what ops return becomes arrays again, so an op may ignore it.
+place where what ops return becomes arrays again, so an op need not care
+(only one that updates a 0-d intermediate in place makes it an array first,
+as GELU and Softmax do).
 
 What does not live here: the tape and the backward walk (tape.py), the ops
 themselves (ops/).

@@ -60,7 +60,8 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
     """Cross-entropy of logits (..., C) against integer targets (...).
 
     Targets equal to `ignore_index` (padding) do not count, in the sum or in
-    the mean's denominator.
+    the mean's denominator. With every target ignored, the mean is NaN
+    (0 / 0) and the sum 0, and the gradient is zero either way, as in PyTorch.
     """
     targets = targets.data if isinstance(targets, Tensor) else targets
     if targets.dtype.kind not in "iu":

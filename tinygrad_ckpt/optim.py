@@ -117,21 +117,21 @@ class SGD(Optimizer):
         self.state_names = ("momentum_buffer",) if momentum else ()
         self.momentum_buffer = self._zeros_like_params() if momentum else []
 
+    @no_grad()
     def step(self):
-        with no_grad():
-            for i, p in enumerate(self.params):
-                if p.grad is None:
-                    continue  # no gradient this step: leave it alone, as PyTorch does
-                self.steps[i] += 1
-                d = p.grad.data
-                if self.weight_decay:
-                    d = d + self.weight_decay * p.data
-                if self.momentum:
-                    buf = self.momentum_buffer[i]
-                    buf *= self.momentum
-                    buf += d
-                    d = buf
-                p.sub_(d, alpha=self.lr)
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue  # no gradient this step: leave it alone, as PyTorch does
+            self.steps[i] += 1
+            d = p.grad.data
+            if self.weight_decay:
+                d = d + self.weight_decay * p.data
+            if self.momentum:
+                buf = self.momentum_buffer[i]
+                buf *= self.momentum
+                buf += d
+                d = buf
+            p.sub_(d, alpha=self.lr)
 
 
 class AdamW(Optimizer):
@@ -158,27 +158,28 @@ class AdamW(Optimizer):
         self.exp_avg = self._zeros_like_params()
         self.exp_avg_sq = self._zeros_like_params()
 
+    @no_grad()
     def step(self):
         beta1, beta2 = self.betas
-        with no_grad():
-            for i, p in enumerate(self.params):
-                if p.grad is None:
-                    continue
-                self.steps[i] += 1
-                t = self.steps[i]
-                g, m, v = p.grad.data, self.exp_avg[i], self.exp_avg_sq[i]
-                if self.weight_decay:
-                    p.mul_(1 - self.lr * self.weight_decay)
-                m *= beta1
-                m += (1 - beta1) * g
-                v *= beta2
-                v += (1 - beta2) * (g * g)
-                denom = backend.module_of(v).sqrt(v)
-                denom /= math.sqrt(1 - beta2**t)
-                denom += self.eps
-                p.sub_(m / denom, alpha=self.lr / (1 - beta1**t))
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            self.steps[i] += 1
+            t = self.steps[i]
+            g, m, v = p.grad.data, self.exp_avg[i], self.exp_avg_sq[i]
+            if self.weight_decay:
+                p.mul_(1 - self.lr * self.weight_decay)
+            m *= beta1
+            m += (1 - beta1) * g
+            v *= beta2
+            v += (1 - beta2) * (g * g)
+            denom = backend.module_of(v).sqrt(v)
+            denom /= math.sqrt(1 - beta2**t)
+            denom += self.eps
+            p.sub_(m / denom, alpha=self.lr / (1 - beta1**t))
 
 
+@no_grad()
 def clip_grad_norm_(parameters, max_norm):
     """Scale all gradients by one factor so that their global L2 norm is at most max_norm.
 
@@ -196,7 +197,6 @@ def clip_grad_norm_(parameters, max_norm):
     norm = float(backend.to_host(backend.as_array(total)))
     coef = max_norm / (norm + 1e-6)
     if coef < 1:
-        with no_grad():
-            for g in grads:
-                g.mul_(coef)
+        for g in grads:
+            g.mul_(coef)
     return norm

@@ -270,21 +270,26 @@ class Tensor:
         self._bump()
 
     # -- arithmetic (each line is one op) ---------------------------------------
-    def _lift(self, x, dtype=None):
-        """A Python number or array as a constant tensor of our dtype (or `dtype`) and device."""
+    def _lift(self, x):
+        """A Python number or array as a constant tensor of our dtype and device."""
         if isinstance(x, Tensor):
             return x
         xp = backend.array_module(self.data)
-        return Tensor(xp.asarray(x, dtype=dtype or self.dtype), device=self.device)
+        return Tensor(xp.asarray(x, dtype=self.dtype), device=self.device)
 
     def _with(self, other, true_division=False):
-        """self and other as two tensors of one dtype, promoted as PyTorch promotes Python numbers."""
-        dtype = self.dtype if isinstance(other, Tensor) else promote_types(self.dtype, other)
+        """self and other as two tensors, a Python number promoted as in PyTorch (promote_types).
+
+        true_division: integers become float32 first, as in PyTorch (1 / 2 is 0.5).
+        Two tensors of different dtypes stay so: the op refuses them.
+        """
+        if isinstance(other, Tensor):
+            return (_float(self), _float(other)) if true_division else (self, other)
+        dtype = promote_types(self.dtype, other)
         if true_division and dtype.kind in "biu":
-            dtype = numpy.dtype(_FLOAT_DEFAULT)  # integer / integer is float, as in PyTorch
+            dtype = numpy.dtype(_FLOAT_DEFAULT)
         a = self if dtype == self.dtype else self.to(dtype=dtype)
-        b = other.to(dtype=dtype) if isinstance(other, Tensor) and true_division and other.dtype != dtype else other
-        return a, a._lift(b)
+        return a, a._lift(other)
 
     def __add__(self, other):
         return elementwise.Add.apply(*self._with(other))
@@ -434,6 +439,11 @@ def _matmul(a, b):
     if b.ndim == 1:
         return out.reshape(out.shape[:-1])  # (..., n, 1) -> (..., n)
     return out
+
+
+def _float(t):
+    """t, or t as float32 if it holds integers or bools."""
+    return t if t.dtype.kind in "fc" else t.to(dtype=_FLOAT_DEFAULT)
 
 
 def _no_bool_subtraction(tensor, other):
