@@ -9,6 +9,14 @@ ATOL, RTOL = 1e-6, 1e-5
 
 
 def check_grad(fn, *arrays, eps=1e-6):
-    """gradcheck `fn` on float64 tensors made from `arrays` (all require grad)."""
+    """gradcheck `fn` on float64 tensors made from `arrays` (all require grad).
+
+    fn's output is used twice (out + out), so the check also covers the path
+    where two gradients meet in one pending sum before reaching the op.
+    """
     inputs = [Tensor(a, requires_grad=True, dtype="float64") for a in arrays]
-    assert gradcheck(fn, inputs, eps=eps, atol=ATOL, rtol=RTOL)
+    assert gradcheck(lambda *xs: _used_twice(fn(*xs)), inputs, eps=eps, atol=ATOL, rtol=RTOL)
+
+
+def _used_twice(out):
+    return out + out

@@ -17,6 +17,6 @@ def away_from_zero(shape, low=0.5, high=2.0):
     return st.tuples(magnitude, signs).map(lambda ms: ms[0] * ms[1])
 
 
+# 0-d shapes included: every op meaningful on a scalar tensor is drawn one (tests/test_ops.py).
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=3)
-nonscalar_shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=3)
 broadcast_pairs = hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, min_side=1, max_side=3)

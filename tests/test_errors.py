@@ -78,3 +78,17 @@ def test_dropout_probability_range():
 def test_item_on_many_elements():
     with pytest.raises(ValueError, match="item\\(\\) needs a tensor with one element"):
         Tensor([1.0, 2.0]).item()
+
+
+def test_subtracting_bools_is_an_error_as_in_pytorch():
+    with pytest.raises(TypeError, match="subtraction with a bool is not supported"):
+        Tensor(numpy.array([True, False])) - 1
+    with pytest.raises(TypeError, match="subtraction with a bool is not supported"):
+        Tensor(numpy.array([1, 2])) - True
+
+
+def test_a_scalar_tensor_has_axis_0_and_minus_1_only():
+    x = Tensor(numpy.array(2.0))
+    assert x.sum(axis=0).item() == 2.0 and x.max(axis=-1).item() == 2.0
+    with pytest.raises(ValueError, match="axis 1 is out of range for a tensor with 0 dimensions"):
+        x.sum(axis=1)

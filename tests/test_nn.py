@@ -8,7 +8,7 @@ where it is a float tensor) are the inputs gradcheck perturbs.
 import numpy
 import pytest
 
-from tinygrad_ckpt import Tensor, memory, nn
+from tinygrad_ckpt import Tensor, memory, nn, no_grad
 from tinygrad_ckpt.gradcheck import gradcheck
 
 from .helpers import ATOL, RTOL
@@ -47,16 +47,18 @@ def test_embedding_grad_with_repeated_indices():
 
 def test_layernorm_grad():
     ln = nn.LayerNorm(4, dtype=F64)
-    ln.weight.copy_(rng(2).standard_normal(4))  # away from the ones/zeros init
-    ln.bias.copy_(rng(3).standard_normal(4))
+    with no_grad():  # a parameter changes in place only off the tape, as in PyTorch
+        ln.weight.copy_(rng(2).standard_normal(4))  # away from the ones/zeros init
+        ln.bias.copy_(rng(3).standard_normal(4))
     check_module_grad(ln, x64(3, 4))
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (4, 3, 2)])
 def test_batchnorm_training_grad(shape):
     bn = nn.BatchNorm1d(3, dtype=F64)
-    bn.weight.copy_(rng(2).standard_normal(3))
-    bn.bias.copy_(rng(3).standard_normal(3))
+    with no_grad():
+        bn.weight.copy_(rng(2).standard_normal(3))
+        bn.bias.copy_(rng(3).standard_normal(3))
     check_module_grad(bn, x64(*shape))
 
 
@@ -200,7 +202,8 @@ def test_state_dict_round_trip_is_exact():
 def test_state_dict_is_a_snapshot():
     layer = nn.Linear(2, 2)
     state = layer.state_dict()
-    layer.weight.add_(1.0)
+    with no_grad():
+        layer.weight.add_(1.0)
     assert not numpy.array_equal(state["weight"], layer.weight.numpy())
 
 
@@ -346,8 +349,9 @@ def test_causal_self_attention_grad():
 
 def test_causal_self_attention_matches_numpy():
     attn = nn.CausalSelfAttention(tiny_config(n_embd=6, n_head=3), rng=rng(), dtype=F64)
-    attn.c_attn.bias.copy_(rng(2).standard_normal(18))  # GPT-2 init makes biases zero
-    attn.c_proj.bias.copy_(rng(3).standard_normal(6))
+    with no_grad():
+        attn.c_attn.bias.copy_(rng(2).standard_normal(18))  # GPT-2 init makes biases zero
+        attn.c_proj.bias.copy_(rng(3).standard_normal(6))
     x = rng(1).standard_normal((2, 4, 6))
     # Independent reference: one head at a time, explicit loops over positions.
     qkv = x @ attn.c_attn.weight.numpy().T + attn.c_attn.bias.numpy()
@@ -370,7 +374,8 @@ def test_feed_forward_grad():
 
 def test_transformer_block_grad():
     block = nn.TransformerBlock(tiny_config(), rng=rng(), dtype=F64)
-    block.ln_1.weight.copy_(rng(5).standard_normal(4))  # ln weights away from their all-ones init
+    with no_grad():
+        block.ln_1.weight.copy_(rng(5).standard_normal(4))  # ln weights away from their all-ones init
     check_module_grad(block, x64(2, 3, 4))
 
 

@@ -1,7 +1,15 @@
-"""Every op's backward checked against finite differences, shapes drawn by hypothesis."""
+"""Every op's backward checked against finite differences, shapes drawn by hypothesis.
+
+Shapes include 0-d (a scalar tensor) for every op where it means something,
+and each test runs a 0-d case explicitly (@example); matmul, linear, layer
+norm, cross-entropy and cat need at least one axis, as in PyTorch.
+"""
+
+import warnings
 
 import numpy
-from hypothesis import given
+import pytest
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import tinygrad_ckpt.functional as F
@@ -9,45 +17,62 @@ from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.gradcheck import GradcheckError, gradcheck
 
 from .helpers import check_grad
-from .strategies import arrays, away_from_zero, broadcast_pairs, nonscalar_shapes, shapes
+from .strategies import arrays, away_from_zero, broadcast_pairs, shapes
 
 
 def pair(draw_shapes, make=arrays, make_b=arrays):
     return draw_shapes.flatmap(lambda s: st.tuples(make(s.input_shapes[0]), make_b(s.input_shapes[1])))
 
 
+SCALAR = numpy.array(0.7)  # a 0-d array: the explicit 0-d case of each op
+SCALARS = (numpy.array(0.7), numpy.array(-1.3))
+SCALAR_AND_VECTOR = (numpy.array(0.7), numpy.array([1.1, -1.3]))
+
+
 # -- binary, with broadcasting ---------------------------------------------------
 @given(pair(broadcast_pairs))
+@example(SCALARS)
+@example(SCALAR_AND_VECTOR)
 def test_add(ab):
     check_grad(lambda a, b: a + b, *ab)
 
 
 @given(pair(broadcast_pairs))
+@example(SCALARS)
+@example(SCALAR_AND_VECTOR)
 def test_sub(ab):
     check_grad(lambda a, b: a - b, *ab)
 
 
 @given(pair(broadcast_pairs))
+@example(SCALARS)
+@example(SCALAR_AND_VECTOR)
 def test_mul(ab):
     check_grad(lambda a, b: a * b, *ab)
 
 
 @given(pair(broadcast_pairs, make_b=away_from_zero))
+@example(SCALARS)
+@example(SCALAR_AND_VECTOR)
 def test_div(ab):
     check_grad(lambda a, b: a / b, *ab)
 
 
 @given(pair(broadcast_pairs, make=lambda s: arrays(s, 0.5, 2.0)))
+@example((numpy.array(0.7), numpy.array(1.3)))
 def test_pow_tensor_exponent(ab):
     check_grad(lambda a, b: a**b, *ab)
 
 
 @given(shapes.flatmap(lambda s: arrays(s, 0.5, 2.0)), st.sampled_from([2, 3, 0.5, -1.5]))
+@example(SCALAR, 3)
+@example(SCALAR, 0.5)
 def test_pow_scalar_exponent(x, p):
     check_grad(lambda a: a**p, x)
 
 
 @given(pair(broadcast_pairs))
+@example(SCALARS)
 def test_where(ab):
     a, b = ab
     cond = numpy.asarray(numpy.broadcast_to(a, numpy.broadcast_shapes(a.shape, b.shape)) > 0)
@@ -55,6 +80,7 @@ def test_where(ab):
 
 
 @given(shapes.flatmap(arrays))
+@example(SCALAR)
 def test_masked_fill(x):
     mask = numpy.asarray(x > 0.3)
     check_grad(lambda a: a.masked_fill(mask, -5.0), x)
@@ -62,36 +88,49 @@ def test_masked_fill(x):
 
 # -- unary ------------------------------------------------------------------------
 @given(shapes.flatmap(arrays))
+@example(SCALAR)
 def test_neg(x):
     check_grad(lambda a: -a, x)
 
 
 @given(shapes.flatmap(arrays))
+@example(SCALAR)
 def test_exp(x):
     check_grad(lambda a: a.exp(), x)
 
 
 @given(shapes.flatmap(lambda s: arrays(s, 0.2, 3.0)))
+@example(SCALAR)
 def test_log(x):
     check_grad(lambda a: a.log(), x)
 
 
 @given(shapes.flatmap(arrays))
+@example(SCALAR)
+def test_clone(x):
+    check_grad(lambda a: a.clone() * a, x)
+
+
+@given(shapes.flatmap(arrays))
+@example(SCALAR)
 def test_tanh(x):
     check_grad(lambda a: a.tanh(), x)
 
 
 @given(shapes.flatmap(lambda s: arrays(s, -6, 6)))
+@example(SCALAR)
 def test_sigmoid(x):
     check_grad(lambda a: a.sigmoid(), x)
 
 
 @given(shapes.flatmap(away_from_zero))  # relu has a kink at 0: stay away from it
+@example(SCALAR)
 def test_relu(x):
     check_grad(lambda a: a.relu(), x)
 
 
 @given(shapes.flatmap(lambda s: arrays(s, -4, 4)))
+@example(SCALAR)
 def test_gelu(x):
     check_grad(lambda a: a.gelu(), x)
 
@@ -119,28 +158,37 @@ def test_gelu_backward_in_pieces_is_the_derivative():
 
 # -- reductions -------------------------------------------------------------------
 def axes_for(shape):
+    """None, one axis or several; a 0-d tensor takes axis 0 or -1, as in PyTorch."""
     ndim = len(shape)
-    single = st.integers(-ndim, ndim - 1) if ndim else st.nothing()
-    several = st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True).map(tuple) if ndim else st.nothing()
+    if ndim == 0:
+        return st.sampled_from([None, 0, -1])
+    single = st.integers(-ndim, ndim - 1)
+    several = st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True).map(tuple)
     return st.one_of(st.none(), single, several)
 
 
-reduction_cases = nonscalar_shapes.flatmap(lambda s: st.tuples(arrays(s), axes_for(s), st.booleans()))
+reduction_cases = shapes.flatmap(lambda s: st.tuples(arrays(s), axes_for(s), st.booleans()))
 
 
 @given(reduction_cases)
+@example((SCALAR, None, False))
+@example((SCALAR, -1, True))
 def test_sum(case):
     x, axis, keepdims = case
     check_grad(lambda a: a.sum(axis=axis, keepdims=keepdims), x)
 
 
 @given(reduction_cases)
+@example((SCALAR, None, False))
+@example((SCALAR, 0, False))
 def test_mean(case):
     x, axis, keepdims = case
     check_grad(lambda a: a.mean(axis=axis, keepdims=keepdims), x)
 
 
-@given(nonscalar_shapes.flatmap(lambda s: st.tuples(st.permutations(range(int(numpy.prod(s)))), st.just(s), axes_for(s), st.booleans())))
+@given(shapes.flatmap(lambda s: st.tuples(st.permutations(range(int(numpy.prod(s)))), st.just(s), axes_for(s), st.booleans())))
+@example(([0], (), None, False))
+@example(([0], (), -1, True))
 def test_max(case):
     perm, shape, axis, keepdims = case
     x = numpy.array(perm, dtype=numpy.float64).reshape(shape) / 3  # distinct values: no ties
@@ -153,13 +201,19 @@ def test_max_shares_gradient_between_ties():
     numpy.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.5, 0.5])
 
 
-@given(nonscalar_shapes.flatmap(lambda s: st.tuples(arrays(s), st.integers(-len(s), len(s) - 1))))
+def one_axis(shape):
+    return st.integers(-max(len(shape), 1), max(len(shape), 1) - 1)
+
+
+@given(shapes.flatmap(lambda s: st.tuples(arrays(s), one_axis(s))))
+@example((SCALAR, -1))
 def test_softmax(case):
     x, axis = case
     check_grad(lambda a: a.softmax(axis=axis), x)
 
 
-@given(nonscalar_shapes.flatmap(lambda s: st.tuples(arrays(s), st.integers(-len(s), len(s) - 1))))
+@given(shapes.flatmap(lambda s: st.tuples(arrays(s), one_axis(s))))
+@example((SCALAR, 0))
 def test_log_softmax(case):
     x, axis = case
     check_grad(lambda a: a.log_softmax(axis=axis), x)
@@ -200,13 +254,18 @@ def test_linear(x_shape, out_features, with_bias, data):
 
 
 # -- movement ---------------------------------------------------------------------
-@given(st.sampled_from([((2, 3), (3, 2)), ((2, 3), (6,)), ((2, 3, 2), (3, -1)), ((4,), (2, 2, 1))]), st.data())
-def test_reshape(shapes_, data):
-    src, dst = shapes_
-    check_grad(lambda a: a.reshape(dst), data.draw(arrays(src)))
+RESHAPES = [((2, 3), (3, 2)), ((2, 3), (6,)), ((2, 3, 2), (3, -1)), ((4,), (2, 2, 1)), ((), (1, 1)), ((1,), ()), ((), (-1,))]
 
 
-@given(nonscalar_shapes.flatmap(lambda s: st.tuples(arrays(s), st.permutations(range(len(s))))))
+@given(st.sampled_from(RESHAPES).flatmap(lambda case: st.tuples(arrays(case[0]), st.just(case[1]))))
+@example((SCALAR, (1,)))
+def test_reshape(case):
+    x, shape = case
+    check_grad(lambda a: a.reshape(shape), x)
+
+
+@given(shapes.flatmap(lambda s: st.tuples(arrays(s), st.permutations(range(len(s))))))
+@example((SCALAR, []))
 def test_permute(case):
     x, axes = case
     check_grad(lambda a: a.permute(tuple(axes)), x)
@@ -223,6 +282,15 @@ def test_getitem_basic(x, index):
     check_grad(lambda a: a[index], x)
 
 
+@pytest.mark.parametrize("index", [(), None, Ellipsis, (None, Ellipsis)])
+def test_getitem_of_a_scalar(index):
+    check_grad(lambda a: a[index], SCALAR)
+
+
+def test_embedding_of_one_index_is_one_row():
+    check_grad(lambda w: F.embedding(numpy.array(2), w), numpy.arange(12.0).reshape(4, 3) / 7)
+
+
 @given(arrays((5, 3)), st.lists(st.integers(0, 4), min_size=1, max_size=8))
 def test_getitem_integer_array_repeats_add(x, rows):
     idx = numpy.array(rows)
@@ -236,9 +304,15 @@ def test_cat(axis, sizes, data):
     check_grad(lambda *xs: F.cat(xs, axis=axis), *parts)
 
 
-@given(st.integers(-2, 2), st.integers(1, 3), st.data())
-def test_stack(axis, count, data):
-    parts = [data.draw(arrays((2, 3))) for _ in range(count)]
+def stack_case(shape):
+    """1 to 3 arrays of one shape, and an axis to stack them along."""
+    return st.tuples(st.lists(arrays(shape), min_size=1, max_size=3), st.integers(-len(shape) - 1, len(shape)))
+
+
+@given(st.sampled_from([(), (3,), (2, 3)]).flatmap(stack_case))
+@example(([SCALAR, -SCALAR], 0))
+def test_stack(case):
+    parts, axis = case
     check_grad(lambda *xs: F.stack(xs, axis=axis), *parts)
 
 
@@ -271,7 +345,43 @@ def test_cross_entropy_matches_a_direct_computation():
     assert abs(F.cross_entropy(Tensor(logits), targets, reduction="sum").item() - (-numpy.sum(picked))) < 1e-12
 
 
-@given(arrays((3, 4)), st.sampled_from([0.1, 0.5]), st.integers(0, 100))
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_with_every_target_ignored_gives_zero_gradients(reduction):
+    # PyTorch's behaviour: the mean over no counted target is NaN (0 / 0), the
+    # sum is 0, and the gradient is zero either way, not NaN; and no warning.
+    logits = Tensor(numpy.random.default_rng(0).standard_normal((3, 4)), requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = F.cross_entropy(logits, numpy.full(3, -100), reduction=reduction)
+        loss.backward()
+    assert numpy.isnan(loss.item()) if reduction == "mean" else loss.item() == 0.0
+    numpy.testing.assert_array_equal(logits.grad.numpy(), numpy.zeros((3, 4)))
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="PyTorch is not installed (a CPU build, for comparisons only: "
+                                               "pip install torch==2.13.0)")
+
+
+@pytest.mark.parametrize("ignored", ["every target", "some targets", "no target"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_matches_pytorch(ignored, reduction):
+    torch = _torch()
+    rng = numpy.random.default_rng(1)
+    logits, targets = rng.standard_normal((5, 4)), rng.integers(0, 4, 5)
+    targets[{"every target": slice(None), "some targets": [1, 3], "no target": []}[ignored]] = -100
+    ours = Tensor(logits, requires_grad=True)
+    loss = F.cross_entropy(ours, targets, reduction=reduction)
+    loss.backward()
+    theirs = torch.tensor(logits, requires_grad=True)
+    expected = torch.nn.functional.cross_entropy(theirs, torch.tensor(targets), reduction=reduction)
+    expected.backward()
+    numpy.testing.assert_allclose(loss.item(), expected.item(), rtol=1e-12)  # NaN equals NaN here
+    numpy.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-10, atol=1e-15)
+
+
+@given(shapes.flatmap(arrays), st.sampled_from([0.1, 0.5]), st.integers(0, 100))
+@example(SCALAR, 0.5, 1)
 def test_dropout(x, p, seed):
     # The same seed gives the same mask, so finite differences see one function.
     check_grad(lambda a: F.dropout(a, p, training=True, rng=numpy.random.default_rng(seed)), x)
@@ -285,17 +395,112 @@ def test_dropout_keeps_the_expected_fraction_and_scales():
     assert F.dropout(x, 0.25, training=False) is x
 
 
-@given(arrays((3, 2)), arrays((3, 2)))
-def test_mse_loss(a, b):
-    check_grad(lambda x, y: F.mse_loss(x, y), a, b)
+@given(shapes.flatmap(lambda s: st.tuples(arrays(s), arrays(s))))
+@example(SCALARS)
+def test_mse_loss(ab):
+    check_grad(lambda x, y: F.mse_loss(x, y), *ab)
 
 
-@given(arrays((2, 3)))
+@given(shapes.flatmap(arrays))
+@example(SCALAR)
 def test_cast_round_trip(x):
     t = Tensor(x, requires_grad=True, dtype="float64")
     t.to(dtype=numpy.float32).sum().backward()
     assert t.grad.dtype == numpy.float64
     numpy.testing.assert_array_equal(t.grad.numpy(), numpy.ones_like(x))
+
+
+# -- Python numbers in arithmetic: PyTorch's type promotion -------------------------------
+# (tensor dtype, number, result dtype), as PyTorch 2.13 gives them (checked against it below).
+PROMOTIONS = [
+    ("int64", 0.5, "float32"), ("int64", 2, "int64"), ("int64", True, "int64"), ("int32", 0.5, "float32"),
+    ("int32", 7, "int32"), ("uint8", 3, "uint8"), ("bool", True, "bool"), ("bool", 2, "int64"),
+    ("bool", 0.5, "float32"), ("float32", 2, "float32"), ("float32", 0.5, "float32"),
+    ("float64", 0.5, "float64"), ("float16", 2.5, "float16"), ("int64", numpy.float64(0.5), "float32"),
+    ("int32", numpy.int64(3), "int32"), ("float32", numpy.float64(0.5), "float32"),
+]
+
+
+@pytest.mark.parametrize("dtype,number,expected", PROMOTIONS)
+def test_python_numbers_promote_as_in_pytorch(dtype, number, expected):
+    t = Tensor(numpy.array([1, 0]).astype(dtype))
+    for result in (t + number, number + t, t * number, number * t):
+        assert result.dtype == numpy.dtype(expected)
+
+
+def test_an_integer_tensor_plus_a_fraction_is_a_float_tensor():
+    x = Tensor(numpy.array([1, 2, 3]))
+    numpy.testing.assert_array_equal((x + 0.5).numpy(), numpy.array([1.5, 2.5, 3.5], dtype=numpy.float32))
+    numpy.testing.assert_array_equal((x - 0.5).numpy(), [0.5, 1.5, 2.5])
+    numpy.testing.assert_array_equal((1.5 - x).numpy(), [0.5, -0.5, -1.5])
+    numpy.testing.assert_array_equal((x * 0.5).numpy(), [0.5, 1.0, 1.5])
+    numpy.testing.assert_array_equal((x**0.5).numpy(), numpy.sqrt([1, 2, 3]).astype(numpy.float32))
+    numpy.testing.assert_array_equal((0.5**x).numpy(), [0.5, 0.25, 0.125])
+    assert (x**2).dtype == numpy.int64 and (2**x).tolist() == [2, 4, 8]
+
+
+def test_true_division_of_integers_is_float32():
+    x = Tensor(numpy.array([1, 2]))
+    for result in (x / 2, 2 / x, x / x):
+        assert result.dtype == numpy.float32
+    numpy.testing.assert_array_equal((x / 2).numpy(), [0.5, 1.0])
+
+
+def test_where_promotes_a_number_and_masked_fill_keeps_the_dtype():
+    x, mask = Tensor(numpy.array([1, 2])), numpy.array([True, False])
+    numpy.testing.assert_array_equal(F.where(mask, x, 0.5).numpy(), numpy.array([1.0, 0.5], dtype=numpy.float32))
+    numpy.testing.assert_array_equal(F.where(mask, 0.5, x).numpy(), numpy.array([0.5, 2.0], dtype=numpy.float32))
+    assert x.masked_fill(mask, 0.5).tolist() == [0, 2]  # the value takes x's dtype, as in PyTorch
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint8", "bool", "float32", "float64"])
+def test_promotion_of_numbers_matches_pytorch(dtype):
+    torch = _torch()
+    values = numpy.array([1, 2, 3]).astype(dtype)  # no zero: no division by it
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
+           "**": lambda a, b: a**b}
+    for number in (2, 0.5, True, numpy.float64(0.25), numpy.int64(3)):
+        for name, op in ops.items():
+            for reflected in (False, True):
+                def run(t):
+                    return op(number, t) if reflected else op(t, number)
+
+                try:
+                    expected = run(torch.tensor(values))
+                except NotImplementedError:  # PyTorch has no pow of two bools
+                    continue
+                except RuntimeError:  # subtracting bools: an error in PyTorch, and here
+                    with pytest.raises((TypeError, RuntimeError)):
+                        run(Tensor(values))
+                    continue
+                ours = run(Tensor(values))
+                assert str(ours.dtype) == str(expected.dtype).replace("torch.", ""), (number, name, reflected)
+                numpy.testing.assert_allclose(ours.numpy(), expected.numpy(), rtol=1e-6)
+
+
+# -- one rule for gradients nobody asked for (function.py) -------------------------------
+def _ops_with_several_inputs():
+    a, b = numpy.array([[0.5, -1.0], [2.0, 0.3]]), numpy.array([[1.5, 0.7], [0.4, 1.1]])
+    row = numpy.array([0.2, -0.4])
+    return {
+        "Add": (lambda x, y: x + y, [a, b]), "Sub": (lambda x, y: x - y, [a, b]),
+        "Mul": (lambda x, y: x * y, [a, b]), "Div": (lambda x, y: x / y, [a, b]),
+        "Pow": (lambda x, y: x**y, [b, a]), "Where": (lambda x, y: F.where(a > 0, x, y), [a, b]),
+        "MatMul": (lambda x, y: x @ y, [a, b]), "Linear": (lambda x, w, c: F.linear(x, w, c), [a, b, row]),
+        "LayerNorm": (lambda x, w, c: F.layer_norm(x, 2, w, c), [a, row, row]),
+        "Cat": (lambda x, y: F.cat([x, y]), [a, b]), "Stack": (lambda x, y: F.stack([x, y]), [a, b]),
+    }
+
+
+@pytest.mark.parametrize("op", list(_ops_with_several_inputs()))
+def test_backward_returns_none_exactly_for_inputs_that_need_no_gradient(op):
+    fn, arrays = _ops_with_several_inputs()[op]
+    for needed in range(len(arrays)):
+        inputs = [Tensor(a, requires_grad=i == needed) for i, a in enumerate(arrays)]
+        out = fn(*inputs)
+        assert out.grad_fn.name == op
+        grads = out.grad_fn.op.backward(out.grad_fn.ctx, out.data * 0 + 1)
+        assert [g is not None for g in grads] == [i == needed for i in range(len(arrays))], f"needed: input {needed}"
 
 
 # -- the checker itself must be able to fail -------------------------------------------

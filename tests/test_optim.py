@@ -8,6 +8,7 @@ not from the code under test; they agree to 1e-12 relative.
 import numpy
 import pytest
 
+import tinygrad_ckpt as tg
 from tinygrad_ckpt import Tensor, memory
 from tinygrad_ckpt.nn import Parameter
 from tinygrad_ckpt.optim import SGD, AdamW, clip_grad_norm_, get_total_norm
@@ -94,6 +95,22 @@ def test_step_keeps_float32_and_bumps_version():
     version = p._version
     opt.step()
     assert p._version > version and p.dtype == numpy.float32 and opt.exp_avg[0].dtype == numpy.float32
+
+
+@pytest.mark.parametrize("make", [lambda ps: SGD(ps, lr=0.1, momentum=0.9), lambda ps: AdamW(ps)])
+def test_step_with_gradients_on_is_fine_and_a_backward_from_before_it_refuses(make):
+    # The step changes parameters in place under no_grad (an in-place change of a
+    # parameter is an error with gradients on); a loss computed before the step
+    # saved the old weight, so its backward must refuse rather than mix the two.
+    p = Parameter(numpy.ones((2, 2)))
+    opt = make([p])
+    (p * p).sum().backward()
+    stale = (p * p).sum()  # Mul saves p
+    opt.step()
+    assert tg.is_grad_enabled()
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: \[float64 tensor of shape \(2, 2\)\], "
+                                           r"which is input 0 of Mul"):
+        stale.backward()
 
 
 def test_state_is_counted_as_optimizer_memory():

@@ -172,3 +172,187 @@ def test_reusing_a_backpropagated_intermediate_is_an_error():
     y.sum().backward()
     with pytest.raises(RuntimeError, match="Mul a second time"):
         (y * 2).sum().backward()
+
+
+# -- in-place changes of what backward needs (version counters) ----------------------
+SAVED_CHANGED = r"one of the variables needed for gradient computation has been modified by an inplace operation"
+
+# Each in-place method, as a change of a float tensor of shape (2,).
+IN_PLACE = {
+    "add_": lambda t: t.add_(1.0),
+    "sub_": lambda t: t.sub_(Tensor([1.0, 1.0]), alpha=2.0),
+    "mul_": lambda t: t.mul_(10.0),
+    "zero_": lambda t: t.zero_(),
+    "fill_": lambda t: t.fill_(3.0),
+    "copy_": lambda t: t.copy_(numpy.array([5.0, 6.0])),
+    "setitem": lambda t: t.__setitem__(0, 7.0),
+}
+
+
+def test_a_saved_input_changed_in_place_is_an_error_not_a_wrong_gradient():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x * 1.0
+    z = (y * y).sum()  # Mul saves y, twice
+    y.mul_(10)  # before, backward gave a 10x gradient without a word
+    with pytest.raises(RuntimeError, match=SAVED_CHANGED + r": \[float32 tensor of shape \(2,\)\], which is input 0 "
+                                           r"of Mul \(record #\d+ on the tape\), is at version 1; expected version "
+                                           r"0 instead\. Hint: enable anomaly mode"):
+        z.backward()
+
+
+def test_a_saved_output_changed_in_place_is_an_error():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    t = tape.Tape()
+    with tape.recording(t):
+        y = x.exp()  # saves its output
+        loss = y.sum()
+    y.mul_(2.0)
+    with pytest.raises(RuntimeError, match=r"which is output 0 of Exp \(record #0 on the tape\), is at version 1"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("change", list(IN_PLACE))
+def test_every_in_place_method_bumps_the_version_and_is_caught(change):
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x * 1.0
+    loss = y.tanh().sum() + (y * x).sum()  # Mul saves y; Tanh saves its output
+    IN_PLACE[change](y)
+    assert y._version == 1
+    with pytest.raises(RuntimeError, match=SAVED_CHANGED):
+        loss.backward()
+    assert x.grad is None  # raised before any backward ran into x
+
+
+def test_the_check_runs_before_the_op_backward():
+    from tinygrad_ckpt.function import Function
+
+    calls = []
+
+    class Square(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            calls.append("backward")
+            return 2 * g * ctx.saved_arrays[0]
+
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1.0
+    loss = Square.apply(h).sum()
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match=SAVED_CHANGED + r".*input 0 of Square"):
+        loss.backward()
+    assert calls == []
+
+
+def test_views_and_detached_tensors_share_the_version():
+    x = Tensor(numpy.ones((2, 3)), requires_grad=True)
+    y = x * 2.0
+    loss = (y * y).sum()
+    for view in (y.reshape(6), y.T, y[0], y.detach()):
+        before = y._version
+        view.add_(0.0)
+        assert y._version == before + 1 and view._version == y._version
+    with pytest.raises(RuntimeError, match=SAVED_CHANGED):
+        loss.backward()
+
+
+def test_a_change_that_no_backward_reads_is_allowed():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x * 1.0
+    loss = (y + 1.0).sum()  # Add saves nothing: its gradient does not depend on y's values
+    y.mul_(10)
+    loss.backward()
+    numpy.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0])
+
+
+def test_a_tensor_changed_in_place_is_not_used_by_another_op():
+    # In-place methods are not recorded: y's record computed the old values,
+    # so a gradient through the new ones would be wrong.
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2.0
+    y.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"Tanh: the tensor \(shape \(2,\)\) was modified by an inplace "
+                                           r"operation after Mul \(record #\d+ on the tape\) computed it"):
+        y.tanh()
+    with pytest.raises(RuntimeError, match=r"backward\(\): the tensor \(shape \(2,\)\) was modified"):
+        y.backward(Tensor([1.0, 1.0]))
+    with no_grad():
+        y.tanh()  # nothing is recorded: nothing to get wrong
+    (y.detach() * x).sum().backward()  # detached, y is a leaf: its values are data
+    numpy.testing.assert_allclose(x.grad.numpy(), [3.0, 5.0])
+    h = x * 2.0
+    copy = h.clone()  # changing a clone made before leaves h's record right
+    copy.add_(1.0)
+    x.grad = None
+    (h * h).sum().backward()
+    numpy.testing.assert_allclose(x.grad.numpy(), [8.0, 16.0])
+
+
+@pytest.mark.parametrize("change", list(IN_PLACE))
+def test_in_place_on_a_leaf_that_requires_grad_is_an_error_outside_no_grad(change):
+    p = Tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"^a leaf Variable that requires grad is being used in an in-place operation\."):
+        IN_PLACE[change](p)
+    assert p._version == 0
+    with no_grad():
+        IN_PLACE[change](p)
+    assert p._version == 1
+
+
+def test_in_place_from_a_tensor_that_requires_grad_is_an_error():
+    buf, y = Tensor([0.0, 0.0]), Tensor([1.0, 2.0], requires_grad=True) * 2.0
+    for change in (lambda: buf.add_(y), lambda: buf.copy_(y), lambda: buf.__setitem__(0, y[0])):
+        with pytest.raises(RuntimeError, match=r"takes a tensor of shape .* that requires grad.*would be lost"):
+            change()
+    buf.add_(y.detach())
+    numpy.testing.assert_allclose(buf.numpy(), [2.0, 4.0])
+
+
+def test_writing_through_data_is_the_escape_hatch():
+    p = Tensor([1.0, 2.0], requires_grad=True)
+    loss = (p * p).sum()
+    p.data[...] = 3.0  # no check, no version: the caller takes responsibility
+    assert p._version == 0
+    loss.backward()
+    numpy.testing.assert_allclose(p.grad.numpy(), [6.0, 6.0])  # computed from the values now there
+
+
+def test_setitem_writes_numbers_arrays_and_tensors():
+    t = Tensor(numpy.zeros((2, 3)))
+    t[0] = 1.0
+    t[1, :2] = numpy.array([2.0, 3.0])
+    t[:, 2] = Tensor([4.0, 5.0])
+    numpy.testing.assert_array_equal(t.numpy(), [[1.0, 1.0, 4.0], [2.0, 3.0, 5.0]])
+    assert t._version == 3
+
+
+def test_backward_after_changing_a_parameter_in_place_is_an_error():
+    # An optimizer step between forward and backward: the Linear saved the old weight.
+    w = Tensor(numpy.ones((2, 2)), requires_grad=True)
+    loss = tg.functional.linear(Tensor(numpy.ones((1, 2)), requires_grad=True), w).sum()
+    with no_grad():
+        w.sub_(0.1)
+    with pytest.raises(RuntimeError, match=SAVED_CHANGED + r": \[float64 tensor of shape \(2, 2\)\], which is input 1 of Linear"):
+        loss.backward()
+
+
+# -- 0-d tensors --------------------------------------------------------------------
+def test_a_0d_intermediate_used_twice():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    total = x.sum()
+    (total * total).backward()  # d/dx (sum x)^2 = 2 sum x
+    numpy.testing.assert_allclose(x.grad.numpy(), [6.0, 6.0])
+
+
+def test_0d_results_are_arrays_on_the_tape():
+    x = Tensor(numpy.array(0.5), requires_grad=True)
+    y = x.exp()
+    z = (y * y + y.tanh()).sum()
+    assert all(hasattr(t.data, "shape") and t.shape == () for t in (y, z))
+    z.backward()
+    expected = 2 * numpy.exp(1.0) + (1 - numpy.tanh(numpy.exp(0.5)) ** 2) * numpy.exp(0.5)
+    numpy.testing.assert_allclose(x.grad.numpy(), expected)

@@ -4,7 +4,7 @@
     import tinygrad_ckpt.functional as F
 """
 
-from . import backend, functional, memory
+from . import autograd, backend, functional, memory
 from .random import manual_seed
 from .tape import enable_grad, is_grad_enabled, no_grad
 from .tensor import Tensor, ones, randn, tensor, zeros
@@ -13,5 +13,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Tensor", "tensor", "zeros", "ones", "randn", "no_grad", "enable_grad", "is_grad_enabled",
-    "manual_seed", "functional", "memory", "backend",
+    "manual_seed", "functional", "memory", "backend", "autograd",
 ]

@@ -17,10 +17,12 @@ Built only from tape primitives (tape.py, function.py):
             grad) the segment reads. Then one `Checkpoint` record goes on the
             active tape; its `ctx.save_for_backward` holds the segment's
             tensor inputs, so their bytes are what the tape shows as saved.
-  backward  the record checks that no input was modified in place since
-            (a version counter, as PyTorch does), puts back the random
-            generators' states, re-runs `fn` on detached copies of the
-            inputs on a fresh `Tape()` (memory phase "recompute"), and calls
+  backward  the tape first checks that no input and no parameter of the
+            segment was modified in place since the segment's forward began
+            (their versions, as for any record: tape.check_versions). The
+            record puts back the random generators' states, re-runs `fn` on
+            detached copies of the inputs on a fresh `Tape()` (memory phase
+            "recompute"; anomaly mode checks it as any forward), and calls
             that tape's `backward` with the incoming gradients. Parameters
             get their `.grad` from that inner backward directly; the inputs'
             gradients are returned to the outer tape. Everything recomputed
@@ -34,6 +36,8 @@ lists the parameters it sees), then applies the `Checkpoint` op with those
 parameters among its inputs: the segment is recorded whenever a parameter
 inside needs a gradient, even if its input (a batch of data) does not.
 (PyTorch's reentrant checkpoint silently gives such parameters no gradient.)
+An output that depends on nothing needing a gradient comes back with
+requires_grad=False, as it would without the checkpoint.
 
 Recomputing must give the same values as the forward did:
   * random ops: the generators the segment drew from (seen through
@@ -57,7 +61,6 @@ What does not live here: which segments to cut a chain into (schedules.py),
 which ops a policy keeps instead of recomputing (policies.py).
 """
 
-import weakref
 from contextlib import contextmanager
 
 import numpy
@@ -112,8 +115,8 @@ def checkpoint(fn, *args, preserve_rng_state=True, policy=None, check_values=Fal
     outputs = segment.forward(inputs)
     # 2. One record whose inputs (for the tape) are all that needs a gradient.
     needs_grad = [t for t in inputs if t.requires_grad] + segment.params
-    if not needs_grad:
-        return outputs  # nothing inside needs a gradient: nothing to record
+    if not needs_grad or not any(segment.out_requires_grad):
+        return outputs  # no output depends on anything that needs a gradient: nothing to record
     for i, o in enumerate(outputs if segment.multiple else (outputs,)):
         if o.dtype.kind != "f":
             raise TypeError(
@@ -122,9 +125,13 @@ def checkpoint(fn, *args, preserve_rng_state=True, policy=None, check_values=Fal
                 "integer results outside the checkpointed function)"
             )
     out_arrays = tuple(o.data for o in outputs) if segment.multiple else outputs.data
-    return Checkpoint.apply(
+    recorded = Checkpoint.apply(
         *needs_grad, segment=segment, inputs=[t.data for t in inputs], outputs=out_arrays,
     )
+    if not segment.multiple:
+        return recorded
+    # An output that depends on nothing needing a gradient: cut from the record, as without checkpoint.
+    return tuple(o if needed else o.detach() for o, needed in zip(recorded, segment.out_requires_grad))
 
 
 def checkpoint_sequential(functions, segments, input, preserve_rng_state=True, policy=None):
@@ -181,6 +188,8 @@ class Checkpoint(Function):
     the parameters the segment read; its backward re-runs the segment (see
     the module docstring) and returns the inputs' gradients, and None for the
     parameters, which the inner backward has already given their `.grad`.
+    The versions it has checked are those of all the segment's inputs and
+    parameters from before its forward, as the recompute reads them all.
     """
 
     @staticmethod
@@ -189,6 +198,7 @@ class Checkpoint(Function):
         # parameters): keep its inputs, and what a policy kept, hand on its outputs.
         ctx.segment = segment
         ctx.save_for_backward(*inputs, *segment.stash_arrays())
+        ctx.saved_versions = segment.versions(inputs)
         ctx.n_inputs = len(inputs)
         return outputs
 
@@ -198,6 +208,7 @@ class Checkpoint(Function):
         saved = ctx.saved_arrays
         inputs = segment.recompute_inputs(saved[: ctx.n_inputs])
         fresh = segment.recompute_tape(saved[ctx.n_inputs:])
+        fresh.label = f"the recompute of checkpoint segment '{segment.name}'"
         with _recompute(), segment.replaying_rng(), tape.recording(fresh):
             outputs = segment.call(inputs)
         outputs = segment.check_outputs(outputs, fresh)
@@ -223,8 +234,8 @@ class _Segment:
     """Everything a Checkpoint record needs to run its segment again.
 
     It keeps no tensor inputs itself (the record's save_for_backward does):
-    only where they go in the arguments, their versions, and weak references
-    to them for the in-place check.
+    only where they go in the arguments, and their version counters and
+    versions for the in-place check.
     """
 
     def __init__(self, fn, args, kwargs, preserve_rng_state, policy, check_values):
@@ -237,7 +248,7 @@ class _Segment:
         policy = policies.resolve(policy)
         self.stash = Stash(policy, self.name) if policy is not None else None
         self.check_values = check_values
-        self.inputs = []  # per tensor input: (weak reference, its _version, requires_grad)
+        self.inputs = []  # per tensor input: (its version counter, its version, requires_grad)
         self.params = []  # leaf tensors requiring grad that fn read (not its inputs)
         self.generators = []  # (generator, its state before the segment's first draw)
 
@@ -250,7 +261,7 @@ class _Segment:
 
     def forward(self, inputs):
         """Run fn once, keeping nothing (except what a policy keeps)."""
-        self.inputs = [(weakref.ref(t), t._version, t.requires_grad) for t in inputs]
+        self.inputs = [(t._version_counter, t._version, t.requires_grad) for t in inputs]
         watch = SegmentTape(self, inputs)
         observed = []
         if self.preserve_rng_state:
@@ -273,6 +284,7 @@ class _Segment:
                     "a checkpointed function must return a Tensor or a tuple of Tensors"
                 )
         self.out_meta = [(o.shape, o.dtype) for o in outs]
+        self.out_requires_grad = [o.requires_grad for o in outs]
         if self.check_values:
             self.out_values = [o.data.copy() for o in outs]
             for v in self.out_values:
@@ -284,27 +296,22 @@ class _Segment:
     def stash_arrays(self):
         return self.stash.hand_over() if self.stash is not None else ()
 
+    def versions(self, arrays):
+        """The record's saved_versions: every input and parameter, as the segment's forward found them.
+
+        (counter, version, what, array) entries, checked by tape.check_versions.
+        """
+        entries = [(counter, version, f"input {i} of checkpoint segment '{self.name}'", a)
+                   for i, ((counter, version, _), a) in enumerate(zip(self.inputs, arrays))]
+        entries += [(p._version_counter, version, f"a parameter read by checkpoint segment '{self.name}' "
+                     "(call backward before optimizer.step())", p.data)
+                    for p, version in zip(self.params, self.param_versions)]
+        return tuple(entries)
+
     def recompute_inputs(self, arrays):
-        """Detached copies of the inputs, after checking nobody modified them in place."""
-        copies = []
-        for i, ((ref, version, requires_grad), a) in enumerate(zip(self.inputs, arrays)):
-            t = ref()
-            if t is not None and t._version != version:
-                raise RuntimeError(
-                    f"checkpoint: input {i} (shape {tuple(a.shape)}) of segment '{self.name}' was "
-                    f"modified in place after the segment's forward (version {version} -> {t._version}); "
-                    "its recompute would see other values. Modify a copy instead, or modify "
-                    "it after backward."
-                )
-            copies.append(Tensor(a, requires_grad=requires_grad, device=backend.device_of(a)))
-        for p, version in zip(self.params, self.param_versions):
-            if p._version != version:
-                raise RuntimeError(
-                    f"checkpoint: a parameter of shape {p.shape} used by segment '{self.name}' was "
-                    f"modified in place after the segment's forward (version {version} -> {p._version}); "
-                    "its recompute would use the new values. Call backward before optimizer.step()."
-                )
-        return copies
+        """Detached copies of the inputs (the tape has checked their versions)."""
+        return [Tensor(a, requires_grad=requires_grad, device=backend.device_of(a))
+                for (_, _, requires_grad), a in zip(self.inputs, arrays)]
 
     def recompute_tape(self, stash_arrays):
         """A fresh tape, or one that replays what the policy kept."""
@@ -379,6 +386,7 @@ class SegmentTape(tape.Tape):
     def __init__(self, segment, inputs):
         super().__init__()
         self.segment = segment
+        self.label = f"the forward of checkpoint segment '{segment.name}'"
         self.input_ids = {id(t) for t in inputs}
         self.params = {}  # id -> leaf tensor that requires grad, in the order first read
 
@@ -386,7 +394,7 @@ class SegmentTape(tape.Tape):
         if self.segment.stash is not None:
             return self.segment.stash.forward(op, ctx, arrays, options)
         ctx.needs_input_grad = (False,) * len(arrays)  # so the op saves nothing
-        return op.forward(ctx, *arrays, **options)
+        return op.run_forward(ctx, arrays, options)
 
     def append(self, node):
         node.tape, node.index = self, -1

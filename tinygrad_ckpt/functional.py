@@ -60,7 +60,8 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
     """Cross-entropy of logits (..., C) against integer targets (...).
 
     Targets equal to `ignore_index` (padding) do not count, in the sum or in
-    the mean's denominator.
+    the mean's denominator. With every target ignored, the mean is NaN
+    (0 / 0) and the sum 0, and the gradient is zero either way, as in PyTorch.
     """
     targets = targets.data if isinstance(targets, Tensor) else targets
     if targets.dtype.kind not in "iu":
@@ -96,7 +97,7 @@ def dropout(x, p=0.5, training=True, rng=None):
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0:
         return x
-    keep = random.generator(rng).random(x.shape, dtype=numpy.float32) >= p
+    keep = numpy.asarray(random.generator(rng).random(x.shape, dtype=numpy.float32) >= p)  # 0-d: an array too
     keep = backend.to_device(keep, x.device)
     return nn.Dropout.apply(x, keep=keep, p=p)
 
@@ -114,10 +115,16 @@ def mse_loss(input, target, reduction="mean"):
 
 
 def where(condition, a, b):
-    """a where the boolean condition holds, b elsewhere."""
+    """a where the boolean condition holds, b elsewhere.
+
+    One of a, b may be a Python number; it is promoted with the other as in
+    arithmetic (tensor.promote_types: int tensor and 0.5 give float32).
+    """
     condition = condition.data if isinstance(condition, Tensor) else condition
-    a = a if isinstance(a, Tensor) else b._lift(a)
-    b = b if isinstance(b, Tensor) else a._lift(b)
+    if not isinstance(a, Tensor):
+        b, a = b._with(a)
+    elif not isinstance(b, Tensor):
+        a, b = a._with(b)
     condition = backend.to_device(condition, a.device)  # a NumPy condition is copied over once
     return elementwise.Where.apply(a, b, condition=condition)
 

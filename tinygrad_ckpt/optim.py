@@ -2,8 +2,10 @@
 
 An optimizer holds a list of parameters and, in `step()`, changes each one
 in place from its `.grad`, with exactly PyTorch's update formulas. Updates go
-through the Tensor in-place methods (`add_`, `mul_`, `sub_`), so every
-parameter's `_version` is bumped, as a checkpoint's stale-input check needs.
+through the Tensor in-place methods (`add_`, `mul_`, `sub_`) under
+`no_grad()`, as in PyTorch (an in-place change of a parameter is an error
+with gradients on), so every parameter's version is bumped: a backward that
+would use a parameter saved before the step refuses to run.
 
 Optimizer state (momentum, Adam's two moments) is one array per parameter,
 allocated next to it on its device (no host round trip) and counted as
@@ -117,6 +119,7 @@ class SGD(Optimizer):
         self.state_names = ("momentum_buffer",) if momentum else ()
         self.momentum_buffer = self._zeros_like_params() if momentum else []
 
+    @no_grad()
     def step(self):
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -157,6 +160,7 @@ class AdamW(Optimizer):
         self.exp_avg = self._zeros_like_params()
         self.exp_avg_sq = self._zeros_like_params()
 
+    @no_grad()
     def step(self):
         beta1, beta2 = self.betas
         for i, p in enumerate(self.params):
@@ -202,6 +206,7 @@ def get_total_norm(tensors, *, error_if_nonfinite=False):
     return norm
 
 
+@no_grad()
 def clip_grad_norm_(parameters, max_norm, *, error_if_nonfinite=False):
     """Scale all gradients by one factor so that their global L2 norm is at most max_norm.
 

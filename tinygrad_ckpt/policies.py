@@ -132,8 +132,8 @@ class Stash:
         if decision == RECOMPUTE:
             ctx.needs_input_grad = (False,) * len(arrays)  # so the op saves nothing
             self.entries.append(op.__name__)
-            return op.forward(ctx, *arrays, **options)
-        out = op.forward(ctx, *arrays, **options)  # saves what its backward needs
+            return op.run_forward(ctx, arrays, options)
+        out = op.run_forward(ctx, arrays, options)  # saves what its backward needs
         self.entries.append(_Kept(self, op.__name__, ctx, arrays, options, out, decision == OFFLOAD))
         ctx.free()  # the stash holds what it keeps; the op's own holds go
         return out
@@ -165,7 +165,7 @@ class _Kept:
         self.multiple = isinstance(out, tuple)
         outs = out if self.multiple else (out,)
         self.needs_input_grad = ctx.needs_input_grad
-        self.attrs = {k: v for k, v in vars(ctx).items() if k not in ("op", "needs_input_grad", "saved_arrays")}
+        self.attrs = {k: v for k, v in vars(ctx).items() if k not in ("op", "needs_input_grad", "saved_arrays", "saved_versions")}
         self.outputs = [stash.keep(o, offload) for o in outs]
         self.saved = [None if a is None else _where(a, arrays, options, outs) or stash.keep(a, offload)
                       for a in ctx.saved_arrays or ()]
@@ -231,7 +231,7 @@ class ReplayTape(tape.Tape):
             )
         self.position += 1
         if isinstance(entries[i], str):
-            return op.forward(ctx, *arrays, **options)  # recomputed
+            return op.run_forward(ctx, arrays, options)  # recomputed
         return entries[i].replay(ctx, arrays, options, self.stashed)  # kept: not run again
 
     def finish(self):

@@ -7,12 +7,31 @@ CuPy), `.grad` a Tensor or None, `.requires_grad`, `.shape`, `.dtype`,
 (ops/), so everything differentiable happens in the ops, and here there is
 only plumbing.
 
-In-place methods (`add_`, `mul_`, `copy_`, `zero_`, ...) change `.data` and
-bump `_version`, the counter a checkpoint segment checks to detect an input
-that was modified between its forward and its backward (as PyTorch does).
+In-place methods (`add_`, `sub_`, `mul_`, `copy_`, `zero_`, `fill_`, `t[i] = v`)
+write into `.data` and bump the tensor's version, a counter shared with its
+views (reshape, transpose, basic indexing, `detach()`), as in PyTorch. Every
+array an op saves for backward remembers its tensor's version, and backward
+refuses to use one that moved on (tape.check_versions): a change in place can
+never silently give a wrong gradient. In-place methods are not recorded on
+the tape (PyTorch records them), so, with gradients on:
+  * on a leaf that requires grad (a parameter) they are an error, as in
+    PyTorch: update parameters under `no_grad()`, as the optimizers do;
+  * a source that requires grad (`buf.add_(y)`) is an error: its gradient
+    would be lost;
+  * on a computed tensor they are allowed, but an op that then reads it, or
+    `backward()` from it, is an error: its record computed other values.
+Writing through `.data` (`p.data[...] = ...`) is the escape hatch: no check,
+no version bump, as `.data` is in PyTorch.
+
+Python numbers in arithmetic follow PyTorch's type promotion: the tensor's
+dtype, unless the number is of a higher kind (bool < integer < float): an
+integer tensor plus 0.5 is a float32 tensor (the default float dtype), a
+bool tensor plus 1 is int64. True division of integers gives float32.
 
 What does not live here: derivatives (ops/), the backward walk (tape.py).
 """
+
+import numbers
 
 import numpy
 
@@ -22,11 +41,20 @@ from .ops import elementwise, matmul, movement, nn, reduce
 _FLOAT_DEFAULT = numpy.float32
 
 
+class VersionCounter:
+    """How many times a tensor's memory was changed in place; shared by a tensor and its views."""
+
+    value = 0  # a class default: making one runs no __init__ (one per tensor made)
+
+
 class Tensor:
-    __slots__ = ("data", "grad", "requires_grad", "_node", "_version", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_node", "_version_counter", "_recorded_version",
+                 "__weakref__")
+    __array_ufunc__ = None  # NumPy's operators defer to ours: numpy.float64(0.5) * t is a Tensor
 
     def __init__(self, data, requires_grad=False, dtype=None, device=None):
-        if isinstance(data, Tensor):
+        source = data if isinstance(data, Tensor) else None
+        if source is not None:
             data = data.data
         if not _is_backend_array(data):
             python_values = not hasattr(data, "dtype")
@@ -51,7 +79,9 @@ class Tensor:
         self.grad = None
         self.requires_grad = requires_grad
         self._node = None  # the tape record that produced this tensor; None for a leaf
-        self._version = 0
+        # The same memory as `source` (no copy was made): the same version counter.
+        shared = source is not None and data is source.data
+        self._version_counter = source._version_counter if shared else VersionCounter()
         memory.track(data)
 
     # -- what it is ----------------------------------------------------------
@@ -79,6 +109,11 @@ class Tensor:
     @property
     def is_leaf(self):
         return self._node is None
+
+    @property
+    def _version(self):
+        """How many in-place changes this tensor's memory has had (PyTorch's `_version`)."""
+        return self._version_counter.value
 
     def size(self, dim=None):
         return self.shape if dim is None else self.shape[dim]
@@ -109,8 +144,12 @@ class Tensor:
         return backend.to_host(self.data).tolist()
 
     def detach(self):
-        """The same array, cut from the tape (shares memory, as in PyTorch)."""
-        return Tensor(self.data, device=self.device)
+        """The same array, cut from the tape (shares memory and the version counter, as in PyTorch)."""
+        return Tensor(self, device=self.device)
+
+    def clone(self):
+        """A copy of the values in new memory, on the tape (gradients flow back to self)."""
+        return movement.Clone.apply(self)
 
     def to(self, device=None, dtype=None):
         """A copy on another device and/or dtype (self if nothing changes)."""
@@ -158,24 +197,46 @@ class Tensor:
             grad = gradient.data if isinstance(gradient, Tensor) else gradient
             if tuple(grad.shape) != self.shape:
                 raise ValueError(f"backward(): gradient has shape {tuple(grad.shape)}, expected {self.shape}")
+        if self._node is not None and self._version != self._recorded_version:
+            tape.raise_changed_since_recorded("backward()", [self])
         owner = self._node.tape if self._node is not None else tape.Tape()
         owner.backward([self], [grad], retain_graph=retain_graph)
 
-    # -- in place (bumps the version counter) ---------------------------------
+    # -- in place (bumps the version counter; see the module docstring) ---------
+    def _write(self, *sources):
+        """Check that an in-place write into self is allowed (from `sources`), before it is made."""
+        if not tape.is_grad_enabled():
+            return
+        if self.requires_grad and self._node is None:
+            raise RuntimeError(
+                "a leaf Variable that requires grad is being used in an in-place operation. "
+                "Update parameters under no_grad() (as the optimizers do), or write to .data."
+            )
+        for s in sources:
+            if isinstance(s, Tensor) and s.requires_grad:
+                raise RuntimeError(
+                    f"an in-place operation takes a tensor of shape {s.shape} that requires grad, but "
+                    "in-place operations are not recorded on the tape, so its gradient would be lost; "
+                    "write it out of place (y = y + x, not y.add_(x)), or pass x.detach()"
+                )
+
     def _bump(self):
-        self._version += 1
+        self._version_counter.value += 1
         return self
 
     def zero_(self):
+        self._write()
         self.data[...] = 0
         return self._bump()
 
     def fill_(self, value):
-        self.data[...] = value
+        self._write(value)
+        self.data[...] = _raw(value)
         return self._bump()
 
     def copy_(self, src):
         """Copy src's values in; an array on another device (NumPy included) is transferred explicitly."""
+        self._write(src)
         src = src.data if isinstance(src, Tensor) else src
         if not isinstance(src, (int, float, numpy.generic)):
             src = backend.to_device(src, self.device)
@@ -183,6 +244,7 @@ class Tensor:
         return self._bump()
 
     def add_(self, other, alpha=1.0):
+        self._write(other)
         other = other.data if isinstance(other, Tensor) else other
         if alpha == 1.0:
             self.data += other
@@ -194,8 +256,18 @@ class Tensor:
         return self.add_(other, alpha=-alpha)
 
     def mul_(self, other):
+        self._write(other)
         self.data *= other.data if isinstance(other, Tensor) else other
         return self._bump()
+
+    def __setitem__(self, index, value):
+        """self[index] = value, in place (value: a number, an array or a Tensor)."""
+        self._write(value)
+        value = value.data if isinstance(value, Tensor) else value
+        if not isinstance(value, (numbers.Number, numpy.generic)):
+            value = backend.to_device(value if _is_backend_array(value) else numpy.asarray(value), self.device)
+        self.data[_raw_index(index, self.device)] = value
+        self._bump()
 
     # -- arithmetic (each line is one op) ---------------------------------------
     def _lift(self, x):
@@ -205,37 +277,64 @@ class Tensor:
         xp = backend.array_module(self.data)
         return Tensor(xp.asarray(x, dtype=self.dtype), device=self.device)
 
+    def _with(self, other, true_division=False):
+        """self and other as two tensors, a Python number promoted as in PyTorch (promote_types).
+
+        true_division: integers become float32 first, as in PyTorch (1 / 2 is 0.5).
+        Two tensors of different dtypes stay so: the op refuses them.
+        """
+        if isinstance(other, Tensor):
+            return (_float(self), _float(other)) if true_division else (self, other)
+        dtype = promote_types(self.dtype, other)
+        if true_division and dtype.kind in "biu":
+            dtype = numpy.dtype(_FLOAT_DEFAULT)
+        a = self if dtype == self.dtype else self.to(dtype=dtype)
+        return a, a._lift(other)
+
     def __add__(self, other):
-        return elementwise.Add.apply(self, self._lift(other))
+        return elementwise.Add.apply(*self._with(other))
 
     def __radd__(self, other):
-        return elementwise.Add.apply(self._lift(other), self)
+        a, b = self._with(other)
+        return elementwise.Add.apply(b, a)
 
     def __sub__(self, other):
-        return elementwise.Sub.apply(self, self._lift(other))
+        _no_bool_subtraction(self, other)
+        return elementwise.Sub.apply(*self._with(other))
 
     def __rsub__(self, other):
-        return elementwise.Sub.apply(self._lift(other), self)
+        _no_bool_subtraction(self, other)
+        a, b = self._with(other)
+        return elementwise.Sub.apply(b, a)
 
     def __mul__(self, other):
-        return elementwise.Mul.apply(self, self._lift(other))
+        return elementwise.Mul.apply(*self._with(other))
 
     def __rmul__(self, other):
-        return elementwise.Mul.apply(self._lift(other), self)
+        a, b = self._with(other)
+        return elementwise.Mul.apply(b, a)
 
     def __truediv__(self, other):
-        return elementwise.Div.apply(self, self._lift(other))
+        return elementwise.Div.apply(*self._with(other, true_division=True))
 
     def __rtruediv__(self, other):
-        return elementwise.Div.apply(self._lift(other), self)
+        a, b = self._with(other, true_division=True)
+        return elementwise.Div.apply(b, a)
 
     def __pow__(self, exponent):
         if isinstance(exponent, Tensor):
             return elementwise.Pow.apply(self, exponent)
-        return elementwise.PowScalar.apply(self, exponent=exponent)
+        dtype = promote_types(self.dtype, exponent)
+        base = self if dtype == self.dtype else self.to(dtype=dtype)
+        if isinstance(exponent, numpy.generic):
+            exponent = exponent.item()  # a Python number: NumPy would make float32 ** float64 float64
+        out = elementwise.PowScalar.apply(base, exponent=exponent)
+        return out if out.dtype == dtype else out.to(dtype=dtype)  # NumPy makes bool ** True int8
 
     def __rpow__(self, base):
-        return elementwise.Pow.apply(self._lift(base), self)
+        a, b = self._with(base)
+        out = elementwise.Pow.apply(b, a)
+        return out if out.dtype == a.dtype else out.to(dtype=a.dtype)  # NumPy makes True ** bools int8
 
     def __neg__(self):
         return elementwise.Neg.apply(self)
@@ -340,6 +439,40 @@ def _matmul(a, b):
     if b.ndim == 1:
         return out.reshape(out.shape[:-1])  # (..., n, 1) -> (..., n)
     return out
+
+
+def _float(t):
+    """t, or t as float32 if it holds integers or bools."""
+    return t if t.dtype.kind in "fc" else t.to(dtype=_FLOAT_DEFAULT)
+
+
+def _no_bool_subtraction(tensor, other):
+    if tensor.dtype.kind == "b" or isinstance(other, (bool, numpy.bool_)):
+        raise TypeError("subtraction with a bool is not supported (as in PyTorch and NumPy); "
+                        "to invert a mask use ~, to compare two use ^")
+
+
+def promote_types(dtype, number):
+    """The dtype of `tensor op number` for a tensor of `dtype`, by PyTorch's rule.
+
+    Kinds rank bool < integer < float. A number of a kind above the tensor's
+    gives that kind's default dtype (int64, float32); else the tensor's dtype
+    wins (float16 + 2.5 is float16, int32 + 7 is int32). NumPy scalars count as
+    numbers of their kind, as in PyTorch. Arrays (not numbers) take `dtype`.
+    """
+    dtype = numpy.dtype(dtype)
+    if isinstance(number, (bool, numpy.bool_)):
+        kind = 0
+    elif isinstance(number, (numbers.Integral, numpy.integer)):
+        kind = 1
+    elif isinstance(number, (numbers.Real, numpy.floating)):
+        kind = 2
+    else:
+        return dtype
+    own = 0 if dtype.kind == "b" else 1 if dtype.kind in "iu" else 2
+    if kind <= own:
+        return dtype
+    return numpy.dtype(numpy.int64) if kind == 1 else numpy.dtype(_FLOAT_DEFAULT)
 
 
 def _is_backend_array(x):

@@ -24,6 +24,7 @@ saving to disk (serialization.py).
 """
 
 from .. import backend, memory
+from ..tape import no_grad
 from ..tensor import Tensor
 
 
@@ -163,10 +164,11 @@ class Module:
                 mismatched.append((name, tuple(state[name].shape), t.shape))
         if mismatched or (strict and (missing or unexpected)):
             raise LoadStateDictError(type(self).__name__, missing, unexpected, mismatched)
-        for name, t in own.items():
-            if name in state:
-                value = state[name].data if isinstance(state[name], Tensor) else state[name]
-                t.copy_(backend.to_device(value, t.device))
+        with no_grad():  # an in-place change of a parameter, as an optimizer step is
+            for name, t in own.items():
+                if name in state:
+                    value = state[name].data if isinstance(state[name], Tensor) else state[name]
+                    t.copy_(backend.to_device(value, t.device))
         return missing, unexpected
 
     # -- modes, gradients, devices ---------------------------------------------

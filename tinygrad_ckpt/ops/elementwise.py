@@ -51,7 +51,8 @@ class Add(Function):
     @staticmethod
     def backward(ctx, g):
         sa, sb = ctx.shapes
-        return unbroadcast(g, sa), unbroadcast(g, sb)
+        need_a, need_b = ctx.needs_input_grad
+        return unbroadcast(g, sa) if need_a else None, unbroadcast(g, sb) if need_b else None
 
 
 class Sub(Function):
@@ -66,7 +67,8 @@ class Sub(Function):
     @staticmethod
     def backward(ctx, g):
         sa, sb = ctx.shapes
-        return unbroadcast(g, sa), unbroadcast(-g, sb) if ctx.needs_input_grad[1] else None
+        need_a, need_b = ctx.needs_input_grad
+        return unbroadcast(g, sa) if need_a else None, unbroadcast(-g, sb) if need_b else None
 
 
 class Mul(Function):
@@ -80,7 +82,7 @@ class Mul(Function):
     def forward(ctx, a, b):
         check_broadcast("mul", a, b)
         ctx.shapes = a.shape, b.shape
-        need_a, need_b = ctx.needs_input_grad or (False, False)
+        need_a, need_b = ctx.needs_input_grad
         ctx.save_for_backward(a if need_b else None, b if need_a else None)
         return a * b
 
@@ -88,8 +90,9 @@ class Mul(Function):
     def backward(ctx, g):
         a, b = ctx.saved_arrays
         sa, sb = ctx.shapes
-        da = unbroadcast(g * b, sa) if b is not None else None
-        db = unbroadcast(g * a, sb) if a is not None else None
+        need_a, need_b = ctx.needs_input_grad
+        da = unbroadcast(g * b, sa) if need_a else None
+        db = unbroadcast(g * a, sb) if need_b else None
         return da, db
 
 
@@ -107,8 +110,9 @@ class Div(Function):
     def backward(ctx, g):
         a, b = ctx.saved_arrays
         sa, sb = ctx.shapes
-        da = unbroadcast(g / b, sa) if ctx.needs_input_grad[0] else None
-        db = unbroadcast(-g * a / (b * b), sb) if ctx.needs_input_grad[1] else None
+        need_a, need_b = ctx.needs_input_grad
+        da = unbroadcast(g / b, sa) if need_a else None
+        db = unbroadcast(-g * a / (b * b), sb) if need_b else None
         return da, db
 
 
@@ -128,8 +132,9 @@ class Pow(Function):
         a, b, out = ctx.saved_arrays
         sa, sb = ctx.shapes
         xp = array_module(a)
-        da = unbroadcast(g * b * a ** (b - 1), sa) if ctx.needs_input_grad[0] else None
-        db = unbroadcast(g * out * xp.log(a), sb) if ctx.needs_input_grad[1] else None
+        need_a, need_b = ctx.needs_input_grad
+        da = unbroadcast(g * b * a ** (b - 1), sa) if need_a else None
+        db = unbroadcast(g * out * xp.log(a), sb) if need_b else None
         return da, db
 
 
@@ -150,9 +155,10 @@ class Where(Function):
     def backward(ctx, g):
         (condition,) = ctx.saved_arrays
         sa, sb = ctx.shapes
+        need_a, need_b = ctx.needs_input_grad
         zero = g.dtype.type(0)
-        da = unbroadcast(array_module(g).where(condition, g, zero), sa) if ctx.needs_input_grad[0] else None
-        db = unbroadcast(array_module(g).where(condition, zero, g), sb) if ctx.needs_input_grad[1] else None
+        da = unbroadcast(array_module(g).where(condition, g, zero), sa) if need_a else None
+        db = unbroadcast(array_module(g).where(condition, zero, g), sb) if need_b else None
         return da, db
 
 

@@ -42,7 +42,7 @@ class MatMul(Function):
                 f"({a.shape[-1]} != {b.shape[-2]})"
             )
         ctx.shapes = a.shape, b.shape
-        need_a, need_b = ctx.needs_input_grad or (False, False)
+        need_a, need_b = ctx.needs_input_grad
         ctx.save_for_backward(a if need_b else None, b if need_a else None)
         return _fold(a, b) if b.ndim == 2 else a @ b
 
@@ -50,11 +50,12 @@ class MatMul(Function):
     def backward(ctx, g):
         a, b = ctx.saved_arrays
         sa, sb = ctx.shapes
+        need_a, need_b = ctx.needs_input_grad
         da = None
-        if b is not None:
+        if need_a:
             da = _fold(g, b.T) if b.ndim == 2 else unbroadcast(g @ _swap(b), sa)
         db = None
-        if a is not None:
+        if need_b:
             if len(sb) == 2 and len(sa) > 2:
                 # A shared 2-D b: fold the batch into the rows, one GEMM, no
                 # (batch, K, N) temporary to sum afterwards.
@@ -81,7 +82,7 @@ class Linear(Function):
                 f"weight of shape {tuple(weight.shape)} expects {weight.shape[-1]}"
             )
         ctx.has_bias = bias is not None
-        need = ctx.needs_input_grad or (False, False)
+        need = ctx.needs_input_grad
         # dweight needs x; dx needs weight; dbias needs neither.
         ctx.save_for_backward(x if need[1] else None, weight if need[0] else None)
         out = _fold(x, weight.T)
@@ -92,10 +93,11 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, g):
         x, weight = ctx.saved_arrays
+        need = ctx.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])  # (N, out): all leading axes are rows
-        dx = _fold(g, weight) if weight is not None else None
-        dweight = g2.T @ x.reshape(-1, x.shape[-1]) if x is not None else None
+        dx = _fold(g, weight) if need[0] else None
+        dweight = g2.T @ x.reshape(-1, x.shape[-1]) if need[1] else None
         if not ctx.has_bias:
             return dx, dweight
-        dbias = g2.sum(axis=0) if ctx.needs_input_grad[2] else None
+        dbias = g2.sum(axis=0) if need[2] else None
         return dx, dweight, dbias

@@ -1,10 +1,11 @@
-"""Movement ops: reshape, permute, indexing, concatenation, device copies.
+"""Movement ops: reshape, permute, indexing, concatenation, copies (clone, to a device).
 
 They move values without changing them, so each backward moves the gradient
 back the opposite way: reshape back, permute by the inverse permutation,
 scatter into zeros, split. None of them saves an array for backward except
 integer indices (an embedding lookup must remember which rows it read).
-Forward results are views wherever NumPy gives one, so no memory is copied.
+Forward results are views wherever NumPy gives one, so no memory is copied
+(except by clone, whose point is a copy).
 """
 
 import numpy
@@ -104,10 +105,10 @@ class Cat(Function):
     @staticmethod
     def backward(ctx, g):
         grads, start = [], 0
-        for n in ctx.sizes:
+        for n, need in zip(ctx.sizes, ctx.needs_input_grad):
             index = [slice(None)] * g.ndim
             index[ctx.axis] = slice(start, start + n)
-            grads.append(g[tuple(index)])
+            grads.append(g[tuple(index)] if need else None)
             start += n
         return tuple(grads)
 
@@ -126,7 +127,19 @@ class Stack(Function):
     @staticmethod
     def backward(ctx, g):
         axis = ctx.axis % g.ndim
-        return tuple(g[(slice(None),) * axis + (i,)] for i in range(ctx.n))
+        return tuple(g[(slice(None),) * axis + (i,)] if need else None for i, need in enumerate(ctx.needs_input_grad))
+
+
+class Clone(Function):
+    """out = a copy of x in new memory;  dx = g.  Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
 
 
 class ToDevice(Function):

@@ -7,7 +7,9 @@ input, or less: that is the difference between this engine's activation
 memory and a naive one, and why the saved-bytes figures match PyTorch's.
 """
 
-from ..backend import array_module
+import numpy
+
+from ..backend import array_module, as_array
 from ..function import Function
 
 
@@ -21,7 +23,7 @@ class Softmax(Function):
     def forward(ctx, x, axis=-1):
         xp = array_module(x)
         ctx.axis = axis
-        out = x - x.max(axis=axis, keepdims=True)  # subtracting the max: exp cannot overflow
+        out = as_array(x - x.max(axis=axis, keepdims=True))  # minus the max: exp cannot overflow
         xp.exp(out, out=out)  # in place: one array for the whole op
         out /= out.sum(axis=axis, keepdims=True)
         ctx.save_for_backward(out)
@@ -90,14 +92,17 @@ class LayerNorm(Function):
     @staticmethod
     def backward(ctx, g):
         x, weight, mean, rstd = ctx.saved_arrays
+        need_x, need_weight, need_bias = ctx.needs_input_grad
         xp = array_module(x)
         C = x.shape[-1]
         # Two new arrays (xhat, dx), each step in place after that.
         xhat = x - mean
         xhat *= rstd
         rows_g, rows_xhat = g.reshape(-1, C), xhat.reshape(-1, C)  # all leading axes are rows
-        dweight = xp.einsum("ni,ni->i", rows_g, rows_xhat)  # sum over rows of g * xhat
-        dbias = rows_g.sum(axis=0)
+        dweight = xp.einsum("ni,ni->i", rows_g, rows_xhat) if need_weight else None  # sum over rows of g * xhat
+        dbias = rows_g.sum(axis=0) if need_bias else None
+        if not need_x:
+            return None, dweight, dbias
         dx = g * weight  # dxhat
         mean_dxhat_xhat = xp.einsum("...i,...i->...", dx, xhat)[..., None] / C
         dx -= dx.mean(axis=-1, keepdims=True)
@@ -116,6 +121,9 @@ class CrossEntropy(Function):
     not count (padding). reduction 'mean' divides by the number of counted
     rows, 'sum' does not. Fusing log-softmax with the loss means one saved
     (N, C) array, the log-probabilities, plus the targets.
+
+    With every row ignored the mean is 0 / 0 = NaN and the gradient is zero,
+    as in PyTorch; the sum is 0.
     """
 
     @staticmethod
@@ -134,7 +142,8 @@ class CrossEntropy(Function):
         if reduction == "sum":
             return -picked.sum()
         if reduction == "mean":
-            return -picked.sum() / valid.sum(dtype=logits.dtype)  # count in our dtype: no float64 upcast
+            with numpy.errstate(invalid="ignore"):  # no row counts: NaN, as in PyTorch, without a warning
+                return -picked.sum() / valid.sum(dtype=logits.dtype)  # count in our dtype: no float64 upcast
         raise ValueError(f"cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
 
     @staticmethod
@@ -143,7 +152,8 @@ class CrossEntropy(Function):
         xp = array_module(logp)
         grad = xp.exp(logp)
         grad[xp.arange(len(safe)), safe] -= 1
-        scale = g / valid.sum(dtype=g.dtype) if ctx.reduction == "mean" else g
+        # With no row counted the scale is g / 1, multiplied by all-False: a zero gradient, not NaN.
+        scale = g / xp.maximum(valid.sum(dtype=g.dtype), 1) if ctx.reduction == "mean" else g
         grad *= (valid * scale)[:, None]
         return grad
 

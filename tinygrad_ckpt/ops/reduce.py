@@ -10,14 +10,17 @@ from ..function import Function
 
 
 def normalize_axes(axis, ndim):
-    """None -> all axes; -1 -> ndim - 1; always a sorted tuple."""
+    """None -> all axes; -1 -> ndim - 1; always a sorted tuple.
+
+    A 0-d tensor takes axis 0 or -1, as in PyTorch, and has nothing to reduce: ().
+    """
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     for a in axes:
-        if not -ndim <= a < max(ndim, 1):
+        if not -max(ndim, 1) <= a < max(ndim, 1):
             raise ValueError(f"axis {a} is out of range for a tensor with {ndim} dimensions")
-    return tuple(sorted(a % max(ndim, 1) for a in axes))
+    return tuple(sorted(a % ndim for a in axes)) if ndim else ()
 
 
 def expand(g, shape, axes):
