@@ -1,0 +1,884 @@
+"""The memory of one GPT training step, predicted buffer by buffer, with no arrays allocated.
+
+activations.py counts the bytes the model saves for backward. A training
+step holds more than that: the parameters, AdamW's two moments, the
+accumulation buffers, the gradients as backward makes them, and whatever is
+in flight at each moment (a layer's output before the next op saves it, the
+gradient travelling back through the graph, the logits). Its peak is where
+all of these together are highest, which may be at the end of the forward,
+inside some block's backward, inside a recompute, or at the optimizer step.
+
+This module walks one step of `Trainer` (train.py) on nn/transformer.py's
+GPT the way the engine runs it, but with arrays that are sizes only
+(`_Array`: nbytes and, for a view, the array it looks into). Every place
+where the engine makes an array that memory.py sees, this walk makes one of
+the same size at the same moment, and drops it when the engine's would be
+freed; and a private `memory.MemoryTracker` does the counting, the same
+class that counts the real step. So the figures are memory.py's figures:
+tests/test_fit.py runs the real step for many small configurations and finds
+the peak, its split by category and the highest saved activations equal to
+the byte.
+
+The walk mirrors, in small, each part of the engine it stands for:
+
+    _Tensor, _apply, _Ctx     tensor.py, function.py (Function.apply, save_for_backward)
+    _Tape.backward, _deliver  tape.py (the reverse walk, pending sums, leaf .grad)
+    _Linear, _LayerNorm, ...  ops/: what each forward saves and returns, what each
+                              backward returns (a new array, a view, or its input)
+    _SegmentTape, _Stash,     checkpoint.py and policies.py: a segment's first run
+    _ReplayTape, _checkpoint  saves nothing (or what a policy keeps), its record saves
+                              the inputs, its backward recomputes on a fresh tape
+    _Model                    nn/transformer.py's GPT, line by line
+    _train_step               Trainer.compute_loss, backward, accumulate, the optimizer step
+
+The walk depends on how NumPy shares memory in three places, which it
+states: a slice and a transpose are views; reshaping heads back together,
+(B, nh, T, hs) -> (B, T, nh * hs) after a transpose, copies unless T, nh or
+hs is 1; everything an op computes is a new array. CuPy does the same.
+
+What is not seen here, as memory.py does not see it: scratch arrays inside
+one op that never become a Tensor (a GELU's pieces, LayerNorm's xhat, the
+cross-entropy's exp, AdamW's temporaries, the embedding's dense (V, C)
+gradient that is added into a tied .grad). `op_scratch_bytes` bounds them, for
+an estimate of what a device allocator will see.
+
+The walk costs a few microseconds per op: one step of GPT-2 XL (48 blocks)
+in tens of milliseconds.
+
+What does not live here: the saved-activation formulas (activations.py), the
+strategies and the table a user reads (fit.py), the measuring (memory.py).
+"""
+
+import math
+import weakref
+from dataclasses import dataclass, field
+
+from . import memory, policies
+from .schedules import Plan, segment_bounds
+
+INT64 = 8  # token ids, positions and clamped targets are int64 arrays
+BOOL = 1  # dropout masks, the causal mask and the valid-target mask
+
+
+# -- arrays and tensors, sizes only ------------------------------------------------
+class _Array:
+    """An array as memory.py sees it: its bytes, and the array it is a view of (or None)."""
+
+    __slots__ = ("nbytes", "base", "__weakref__")
+
+    def __init__(self, nbytes, base=None):
+        self.nbytes = nbytes
+        self.base = base
+
+
+def _view(a, nbytes=None):
+    """A view of a (a slice, transpose or reshape that shares its memory)."""
+    return _Array(a.nbytes if nbytes is None else nbytes, a)
+
+
+class _Ledger(memory.MemoryTracker):
+    """memory.py's tracker, also keeping each category's highest value and the totals it checked."""
+
+    def __init__(self, record_totals=False):
+        super().__init__()
+        self.highest = dict(self.current)
+        self.totals = [] if record_totals else None
+
+    def _update_peak(self):
+        super()._update_peak()
+        for c, v in self.current.items():
+            if v > self.highest[c]:
+                self.highest[c] = v
+        if self.totals is not None:
+            self.totals.append(self.total())
+
+    def release(self, array, category):
+        super().release(array, category)
+        if self.current["other"] > self.highest["other"]:  # a released array is "other" now
+            self.highest["other"] = self.current["other"]
+
+
+class _Tensor:
+    """tensor.Tensor: its array is tracked when it is made; .grad; the record that made it."""
+
+    __slots__ = ("data", "requires_grad", "node", "grad", "__weakref__")
+
+    def __init__(self, data, requires_grad=False):
+        _walk.ledger.track(data)
+        self.data, self.requires_grad, self.node, self.grad = data, requires_grad, None, None
+
+    @property
+    def nbytes(self):
+        return self.data.nbytes
+
+
+class _Ctx:
+    """function.Context: save_for_backward holds arrays as activations; free() lets them go."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.saved = ()
+
+    def save_for_backward(self, *arrays):
+        if not any(self.needs_input_grad):
+            return
+        for a in arrays:
+            if a is not None:
+                _walk.ledger.track(a, "activations")
+        self.saved = arrays
+
+    def free(self):
+        for a in self.saved:
+            if a is not None:
+                _walk.ledger.release(a, "activations")
+        self.saved = None
+
+    def __del__(self):
+        if self.saved:
+            self.free()
+
+
+class _Node:
+    """tape.Node: the op, its ctx, where its inputs' gradients go, its outputs' count."""
+
+    __slots__ = ("op", "ctx", "edges", "n_out", "__weakref__")
+
+    def __init__(self, op, ctx, inputs, outputs):
+        self.op, self.ctx, self.n_out = op, ctx, len(outputs)
+        self.edges = tuple(_edge(t) for t in inputs)
+        for i, t in enumerate(outputs):
+            t.node = (self, i)
+
+
+def _edge(t):
+    """Where t's gradient goes: (record, output index), or (None, leaf), or (None, None)."""
+    if t.node is not None:
+        return t.node
+    return (None, t if t.requires_grad else None)
+
+
+# -- tapes --------------------------------------------------------------------------
+class _Tape:
+    """tape.Tape: records in forward order; backward walks them in reverse (tape.py)."""
+
+    def __init__(self):
+        self.records = []
+
+    def run(self, op, ctx, arrays, options):
+        return op.forward(ctx, *arrays, **options)
+
+    def append(self, node):
+        self.records.append(weakref.ref(node))
+
+    def backward(self, edges, grads):
+        """tape.Tape.backward from gradient edges (or tensors), one gradient array each."""
+        pending, seen = {}, weakref.WeakSet(grads)
+        for e, g in zip(edges, grads):
+            _deliver(e if isinstance(e, tuple) else _edge(e), g, pending, seen)
+        edges = None
+        for ref in reversed(self.records):
+            node = ref()
+            if node is None:
+                continue
+            out_grads = [pending.pop((node, i), None) for i in range(node.n_out)]
+            if all(g is None for g in out_grads):
+                continue
+            in_grads = node.op.backward(node.ctx, *out_grads)
+            node.ctx.free()
+            for edge, g in zip(node.edges, in_grads):
+                if g is not None and (edge[0] is not None or edge[1] is not None):
+                    _deliver(edge, g, pending, seen)
+            out_grads = in_grads = g = None
+            node.edges = ()
+        self.records = []
+
+
+def _deliver(edge, g, pending, seen):
+    """tape._deliver: into a leaf's .grad (a copy if g is a view or was placed), or a pending sum."""
+    record, leaf = edge
+    if record is None:
+        if leaf.grad is None:
+            owned = g if (g.base is None and g not in seen) else _Array(g.nbytes)
+            leaf.grad = _Tensor(owned)
+            _walk.ledger.track(owned, "gradients")
+        # else: leaf.grad += g, in place
+        seen.add(g)
+        return
+    entry = pending.get(edge)
+    total = g if entry is None else _Array(g.nbytes)  # entry + g: a new array
+    _walk.ledger.track(total)
+    pending[edge] = total
+    seen.add(total)
+
+
+class _SegmentTape(_Tape):
+    """checkpoint.SegmentTape: a segment's first forward; ops save nothing (or what a policy keeps)."""
+
+    def __init__(self, stash):
+        super().__init__()
+        self.stash = stash
+
+    def run(self, op, ctx, arrays, options):
+        if self.stash is not None:
+            return self.stash.forward(op, ctx, arrays, options)
+        ctx.needs_input_grad = (False,) * len(arrays)
+        return op.forward(ctx, *arrays, **options)
+
+    def append(self, node):
+        node.edges = ()  # no record is kept
+
+
+class _Stash:
+    """policies.Stash: the ops a segment ran, and the outputs of those its policy keeps."""
+
+    def __init__(self, policy):
+        self.policy, self.entries, self.arrays = policy, [], []
+
+    def forward(self, op, ctx, arrays, options):
+        decision = policies.decide(self.policy, op.name)
+        if decision == policies.RECOMPUTE:
+            ctx.needs_input_grad = (False,) * len(arrays)
+            self.entries.append(None)
+            return op.forward(ctx, *arrays, **options)
+        if decision != policies.SAVE:
+            raise ValueError(f"step_memory models the policies 'save' and 'recompute', not {decision!r} (op {op.name})")
+        out = op.forward(ctx, *arrays, **options)
+        outs = out if isinstance(out, tuple) else (out,)
+        kept_out = [self.keep(o) for o in outs]
+        kept_saved = [None if a is None else _where(a, arrays, options, outs) or self.keep(a)
+                      for a in ctx.saved or ()]
+        attrs = {k: v for k, v in vars(ctx).items() if k not in ("needs_input_grad", "saved")}
+        self.entries.append((kept_out, kept_saved, isinstance(out, tuple), attrs))
+        ctx.free()
+        return out
+
+    def keep(self, a):
+        for k, b in enumerate(self.arrays):
+            if b is a:
+                return ("stash", k)
+        _walk.ledger.track(a, "activations")
+        self.arrays.append(a)
+        return ("stash", len(self.arrays) - 1)
+
+    def hand_over(self):
+        arrays, self.arrays = self.arrays, None
+        for a in arrays:
+            _walk.ledger.release(a, "activations")
+        return tuple(arrays)
+
+
+def _where(a, arrays, options, outs):
+    for i, b in enumerate(arrays):
+        if a is b:
+            return ("input", i)
+    for k, b in options.items():
+        if a is b:
+            return ("option", k)
+    for j, b in enumerate(outs):
+        if a is b:
+            return ("output", j)
+    return None
+
+
+def _resolve(ref, arrays, options, outs, stashed):
+    kind, key = ref
+    return {"input": arrays, "option": options, "output": outs, "stash": stashed}[kind][key]
+
+
+class _ReplayTape(_Tape):
+    """policies.ReplayTape: the recompute; a kept op is not run again, its arrays come from the stash."""
+
+    def __init__(self, stash, stashed):
+        super().__init__()
+        self.stash, self.stashed, self.position = stash, stashed, 0
+
+    def run(self, op, ctx, arrays, options):
+        entry = self.stash.entries[self.position]
+        self.position += 1
+        if entry is None:
+            return op.forward(ctx, *arrays, **options)
+        kept_out, kept_saved, multiple, attrs = entry
+        outs = [_resolve(r, arrays, options, None, self.stashed) for r in kept_out]
+        ctx.__dict__.update(attrs)
+        ctx.save_for_backward(*(None if r is None else _resolve(r, arrays, options, outs, self.stashed)
+                                for r in kept_saved))
+        return tuple(outs) if multiple else outs[0]
+
+
+class _Walk:
+    """The state of one walk: its ledger, and the stack of active tapes (None: no_grad)."""
+
+    ledger = None
+    tapes = None
+
+
+_walk = _Walk()
+
+
+def _apply(op, *inputs, **options):
+    """function.Function.apply: run forward on the active tape, wrap outputs, record if needed."""
+    active = _walk.tapes[-1]
+    needs = tuple(t.requires_grad for t in inputs) if active is not None else ()
+    ctx = _Ctx(needs)
+    arrays = [t.data for t in inputs]
+    out = active.run(op, ctx, arrays, options) if active is not None else op.forward(ctx, *arrays, **options)
+    outs = out if isinstance(out, tuple) else (out,)
+    requires_grad = any(needs)
+    tensors = tuple(_Tensor(o, requires_grad) for o in outs)
+    if requires_grad:
+        active.append(_Node(op, ctx, inputs, tensors))
+    return tensors if isinstance(out, tuple) else tensors[0]
+
+
+# -- the ops: what each forward saves and makes, what each backward returns -----------
+# `new` arrays are new memory; a view shares its input's. Sizes in bytes.
+class _Op:
+    name = "Op"
+
+
+class _Add(_Op):
+    """ops.elementwise.Add: saves nothing; dx = g (the same array) where no broadcast is undone."""
+
+    name = "Add"
+
+    @staticmethod
+    def forward(ctx, a, b, out_nbytes, b_broadcast=False):
+        ctx.b_broadcast, ctx.b_nbytes = b_broadcast, b.nbytes  # a broadcast b's gradient is summed back: new
+        return _Array(out_nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, (_Array(ctx.b_nbytes) if ctx.b_broadcast else g)
+
+
+class _Mul(_Op):
+    """ops.elementwise.Mul by a constant: saves the constant; dx = g * b, new."""
+
+    name = "Mul"
+
+    @staticmethod
+    def forward(ctx, a, b):
+        need_a, need_b = ctx.needs_input_grad or (False, False)
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
+        return _Array(a.nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        return (_Array(g.nbytes) if b is not None else None), (_Array(b.nbytes) if a is not None else None)
+
+
+class _Where(_Op):
+    """ops.elementwise.Where (masked_fill): saves the condition; the gradient of b is new."""
+
+    name = "Where"
+
+    @staticmethod
+    def forward(ctx, a, b, condition):
+        ctx.needs = ctx.needs_input_grad
+        ctx.save_for_backward(condition)
+        return _Array(b.nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_Array(g.nbytes) if ctx.needs[0] else None), (_Array(g.nbytes) if ctx.needs[1] else None)
+
+
+class _GELU(_Op):
+    name = "GELU"
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _Array(x.nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_Array(g.nbytes),)
+
+
+class _Dropout(_Op):
+    """ops.nn.Dropout: saves the boolean mask; dx = g * mask, new."""
+
+    name = "Dropout"
+
+    @staticmethod
+    def forward(ctx, x, keep, p):
+        ctx.save_for_backward(keep)
+        return _Array(x.nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_Array(g.nbytes),)
+
+
+class _Softmax(_Op):
+    """ops.nn.Softmax: saves its output."""
+
+    name = "Softmax"
+
+    @staticmethod
+    def forward(ctx, x):
+        out = _Array(x.nbytes)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_Array(g.nbytes),)
+
+
+class _LayerNorm(_Op):
+    """ops.nn.LayerNorm: saves x, weight, and mean and rstd per row; dx, dweight, dbias new."""
+
+    name = "LayerNorm"
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, rows_nbytes):
+        ctx.w_nbytes = weight.nbytes
+        ctx.save_for_backward(x, weight, _Array(rows_nbytes), _Array(rows_nbytes))
+        return _Array(x.nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _Array(g.nbytes), _Array(ctx.w_nbytes), _Array(ctx.w_nbytes)
+
+
+class _Linear(_Op):
+    """ops.matmul.Linear: saves x (for dweight) and weight (for dx); dx, dweight, dbias new."""
+
+    name = "Linear"
+
+    @staticmethod
+    def forward(ctx, x, weight, bias=None, out_nbytes=0):
+        need = ctx.needs_input_grad or (False, False)
+        ctx.has_bias, ctx.x_nbytes, ctx.w_nbytes = bias is not None, x.nbytes, weight.nbytes
+        ctx.b_nbytes = bias.nbytes if bias is not None else 0
+        ctx.save_for_backward(x if need[1] else None, weight if need[0] else None)
+        return _Array(out_nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved
+        dx = _Array(ctx.x_nbytes) if weight is not None else None
+        dweight = _Array(ctx.w_nbytes) if x is not None else None
+        if not ctx.has_bias:
+            return dx, dweight
+        return dx, dweight, (_Array(ctx.b_nbytes) if ctx.needs_input_grad[2] else None)
+
+
+class _MatMul(_Op):
+    """ops.matmul.MatMul: saves a if b needs a gradient and b if a does; da, db new."""
+
+    name = "MatMul"
+
+    @staticmethod
+    def forward(ctx, a, b, out_nbytes):
+        need_a, need_b = ctx.needs_input_grad or (False, False)
+        ctx.a_nbytes, ctx.b_nbytes = a.nbytes, b.nbytes
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
+        return _Array(out_nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        return (_Array(ctx.a_nbytes) if b is not None else None), (_Array(ctx.b_nbytes) if a is not None else None)
+
+
+class _Reshape(_Op):
+    """ops.movement.Reshape: a view, or a copy where the axes cannot be merged in place."""
+
+    name = "Reshape"
+
+    @staticmethod
+    def forward(ctx, x, copies=False, back_copies=False):
+        ctx.back_copies = back_copies
+        return _Array(x.nbytes) if copies else _view(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_Array(g.nbytes) if ctx.back_copies else _view(g)),
+
+
+class _Permute(_Op):
+    """ops.movement.Permute: a view both ways."""
+
+    name = "Permute"
+
+    @staticmethod
+    def forward(ctx, x):
+        return _view(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_view(g),)
+
+
+class _GetItem(_Op):
+    """ops.movement.GetItem: a slice is a view and saves nothing; a lookup by index saves the index.
+
+    Backward: zeros of the input's shape with g added in: new.
+    """
+
+    name = "GetItem"
+
+    @staticmethod
+    def forward(ctx, x, index=None, out_nbytes=None):
+        ctx.x_nbytes = x.nbytes
+        if index is None:  # a basic slice: a view
+            return _view(x, out_nbytes)
+        ctx.save_for_backward(index)
+        return _Array(out_nbytes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_Array(ctx.x_nbytes),)
+
+
+class _CrossEntropy(_Op):
+    """ops.nn.CrossEntropy: saves log-probabilities (N, V), clamped targets and the valid mask."""
+
+    name = "CrossEntropy"
+
+    @staticmethod
+    def forward(ctx, logits, n_rows, itemsize):
+        ctx.logits_nbytes = logits.nbytes
+        ctx.save_for_backward(_Array(logits.nbytes), _Array(INT64 * n_rows), _Array(BOOL * n_rows))
+        return _Array(itemsize)  # the loss, a 0-d array
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_Array(ctx.logits_nbytes),)
+
+
+class _Checkpoint(_Op):
+    """checkpoint.Checkpoint: saves the segment's inputs (and what its policy kept)."""
+
+    name = "Checkpoint"
+
+    @staticmethod
+    def forward(ctx, *needs_grad, segment, inputs, outputs):
+        ctx.segment = segment
+        ctx.save_for_backward(*inputs, *segment.stash_arrays())
+        ctx.n_inputs = len(inputs)
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        segment = ctx.segment
+        saved = ctx.saved
+        inputs = [_Tensor(a, requires_grad=rg) for a, rg in zip(saved[: ctx.n_inputs], segment.input_grads)]
+        fresh = _Tape() if segment.stash is None else _ReplayTape(segment.stash, saved[ctx.n_inputs:])
+        _walk.tapes.append(fresh)
+        try:
+            outputs = segment.fn(*inputs)
+        finally:
+            _walk.tapes.pop()
+        pairs = [(_edge(o), g) for o, g in zip((outputs,), grads) if o.requires_grad]
+        outputs = None
+        if pairs:
+            fresh.backward([e for e, _ in pairs], [g for _, g in pairs])
+        in_grads = []
+        for t in inputs:
+            if not t.requires_grad:
+                continue
+            g = t.grad.data if t.grad is not None else None
+            if g is not None:
+                _walk.ledger.release(g, "gradients")
+            in_grads.append(g)
+        return tuple(in_grads)
+
+
+class _Segment:
+    """checkpoint._Segment, for one tensor input and one output."""
+
+    def __init__(self, fn, policy):
+        self.fn = fn
+        self.stash = _Stash(policy) if policy is not None else None
+        self.input_grads = ()
+
+    def stash_arrays(self):
+        return self.stash.hand_over() if self.stash is not None else ()
+
+
+def _checkpoint(fn, x, policy):
+    """checkpoint.checkpoint(fn, x, policy=...) for a one-tensor segment."""
+    active = _walk.tapes[-1]
+    if active is None or isinstance(active, (_SegmentTape, _ReplayTape)):
+        return fn(x)  # inside a segment's first run: inline
+    segment = _Segment(fn, policy)
+    segment.input_grads = (x.requires_grad,)
+    _walk.tapes.append(_SegmentTape(segment.stash))
+    try:
+        out = fn(x)
+    finally:
+        _walk.tapes.pop()
+    out = _Tensor(out.data)  # detach: the same array, cut from the segment's (discarded) records
+    if not x.requires_grad:
+        return out
+    return _apply(_Checkpoint, x, segment=segment, inputs=[x.data], outputs=out.data)
+
+
+def _run_segments(functions, segments, x, policy):
+    """checkpoint._run_segments: stored segments run inline, checkpointed ones through _checkpoint."""
+    for start, stop, how in segments:
+        run = _Chain(functions, start, stop, how if isinstance(how, list) else None)
+        x = _checkpoint(run, x, policy) if how else run(x)
+    return x
+
+
+class _Chain:
+    """checkpoint._Chain: functions[start:stop] in turn, or by an inner (nested) plan."""
+
+    def __init__(self, functions, start, stop, inner=None):
+        self.functions, self.start, self.stop, self.inner = functions, start, stop, inner
+
+    def __call__(self, x):
+        if self.inner is not None:
+            return _run_segments(self.functions, self.inner, x, None)
+        for f in self.functions[self.start:self.stop]:
+            x = f(x)
+        return x
+
+
+# -- the GPT, as nn/transformer.py runs it ---------------------------------------------
+class _Model:
+    """GPT's forward on size-only tensors (nn/transformer.py, layers.py, functional.py)."""
+
+    def __init__(self, config, batch, seq_len, itemsize, segments, policy, split_blocks):
+        c = config
+        self.B, self.T, self.C, self.nh, self.V = batch, seq_len, c.n_embd, c.n_head, c.vocab_size
+        self.hs = c.n_embd // c.n_head
+        self.f, self.bias, self.dropout = itemsize, c.bias, c.dropout > 0
+        self.n_layer, self.segments, self.policy, self.split = c.n_layer, segments, policy, split_blocks
+        # Reshaping (B, T, nh, hs) back to (B, T, C) copies unless an axis of the pair is 1 (NumPy's rule).
+        self.heads_copy = seq_len > 1 and self.nh > 1 and self.hs > 1
+        self.params = _parameters(c, itemsize)
+        self.p = {}
+        for name, nbytes in self.params:  # nn.Parameter: counted as parameters
+            self.p[name] = _Tensor(_Array(nbytes), requires_grad=True)
+            _walk.ledger.track(self.p[name].data, "parameters")
+        if c.tie_weights:
+            self.p["lm_head.weight"] = self.p["wte.weight"]
+
+    # layers.py and functional.py --------------------------------------------------
+    def linear(self, x, name, out_features):
+        w, b = self.p[f"{name}.weight"], self.p.get(f"{name}.bias")
+        out = self.B * self.T * out_features * self.f
+        if b is None:
+            return _apply(_Linear, x, w, out_nbytes=out)
+        return _apply(_Linear, x, w, b, out_nbytes=out)
+
+    def layer_norm(self, x, name):
+        w, b = self.p[f"{name}.weight"], self.p.get(f"{name}.bias")
+        if b is None:  # F.layer_norm makes a zero bias each call
+            b = _Tensor(_Array(self.C * self.f))
+        return _apply(_LayerNorm, x, w, b, rows_nbytes=self.B * self.T * self.f)
+
+    def drop(self, x):
+        if not self.dropout:  # F.dropout returns x itself when p == 0
+            return x
+        keep = _Array(BOOL * x.nbytes // self.f)  # drawn on the host; tracked only if saved
+        return _apply(_Dropout, x, keep=keep, p=None)
+
+    def lift(self):  # Tensor._lift of a Python number: a 0-d tensor of our dtype
+        return _Tensor(_Array(self.f))
+
+    # nn/transformer.py ---------------------------------------------------------------
+    def attention(self, x, i):
+        B, T, C, nh, hs, f = self.B, self.T, self.C, self.nh, self.hs, self.f
+        qkv = self.linear(x, f"blocks.{i}.attn.c_attn", 3 * C)  # (B, T, 3C)
+        third = B * T * C * f
+        q = _apply(_GetItem, qkv, out_nbytes=third)
+        k = _apply(_GetItem, qkv, out_nbytes=third)
+        v = _apply(_GetItem, qkv, out_nbytes=third)
+        # .reshape(B, T, nh, hs).transpose(1, 2): views; backward reshapes (B, T, nh, hs) -> (B, T, C)
+        q = _apply(_Permute, _apply(_Reshape, q, back_copies=self.heads_copy))
+        k = _apply(_Permute, _apply(_Reshape, k))  # its gradient arrives transposed twice: a view
+        v = _apply(_Permute, _apply(_Reshape, v, back_copies=self.heads_copy))
+        scores = B * nh * T * T * f
+        att = _apply(_Mul, _apply(_MatMul, q, _apply(_Permute, k), out_nbytes=scores), self.lift())
+        future = _Array(BOOL * T * T)  # xp.triu(...): tracked only if saved
+        att = _apply(_Where, self.lift(), att, condition=future)
+        att = _apply(_Softmax, att)
+        att = self.drop(att)
+        y = _apply(_MatMul, att, v, out_nbytes=third)  # (B, nh, T, hs)
+        y = _apply(_Reshape, _apply(_Permute, y), copies=self.heads_copy)  # (B, T, C)
+        return self.drop(self.linear(y, f"blocks.{i}.attn.c_proj", C))
+
+    def feed_forward(self, x, i):
+        # one expression, as FeedForward.forward: each intermediate goes as soon as the next op is done
+        return self.drop(self.linear(_apply(_GELU, self.linear(x, f"blocks.{i}.mlp.c_fc", 4 * self.C)),
+                                     f"blocks.{i}.mlp.c_proj", self.C))
+
+    def attention_sublayer(self, x, i):
+        return _apply(_Add, x, self.attention(self.layer_norm(x, f"blocks.{i}.ln_1"), i), out_nbytes=x.nbytes)
+
+    def feed_forward_sublayer(self, x, i):
+        return _apply(_Add, x, self.feed_forward(self.layer_norm(x, f"blocks.{i}.ln_2"), i), out_nbytes=x.nbytes)
+
+    def block(self, x, i):
+        x = self.attention_sublayer(x, i)
+        x = self.feed_forward_sublayer(x, i)
+        return x
+
+    def chain(self):
+        """GPT.checkpoint_chain: the blocks, or their halves."""
+        if not self.split:
+            return [lambda x, i=i: self.block(x, i) for i in range(self.n_layer)]
+        return [f for i in range(self.n_layer) for f in (lambda x, i=i: self.attention_sublayer(x, i),
+                                                         lambda x, i=i: self.feed_forward_sublayer(x, i))]
+
+    def forward(self, idx):
+        B, T, C, f = self.B, self.T, self.C, self.f
+        pos = _Array(INT64 * T)  # xp.arange(T)
+        tok_emb = _apply(_GetItem, self.p["wte.weight"], index=idx, out_nbytes=B * T * C * f)
+        pos_emb = _apply(_GetItem, self.p["wpe.weight"], index=pos, out_nbytes=T * C * f)
+        x = self.drop(_apply(_Add, tok_emb, pos_emb, out_nbytes=B * T * C * f, b_broadcast=True))
+        if self.segments is not None:
+            x = _run_segments(self.chain(), self.segments, x, self.policy)
+        else:
+            for i in range(self.n_layer):
+                x = self.block(x, i)
+        x = self.layer_norm(x, "ln_f")
+        logits = self.linear(x, "lm_head", self.V)
+        return logits
+
+
+def _parameters(config, itemsize):
+    """(name, bytes) of every parameter, in model.parameters() order (a tied matrix once)."""
+    C, V, bias = config.n_embd, config.vocab_size, config.bias
+    out = [("wte.weight", V * C), ("wpe.weight", config.block_size * C)]
+    for i in range(config.n_layer):
+        for name, shape in ((f"blocks.{i}.ln_1", (C,)), (f"blocks.{i}.attn.c_attn", (3 * C, C)),
+                            (f"blocks.{i}.attn.c_proj", (C, C)), (f"blocks.{i}.ln_2", (C,)),
+                            (f"blocks.{i}.mlp.c_fc", (4 * C, C)), (f"blocks.{i}.mlp.c_proj", (C, 4 * C))):
+            out.append((f"{name}.weight", math.prod(shape)))
+            if bias:
+                out.append((f"{name}.bias", shape[0]))
+    out.append(("ln_f.weight", C))
+    if bias:
+        out.append(("ln_f.bias", C))
+    if not config.tie_weights:
+        out.append(("lm_head.weight", V * C))
+    return [(name, n * itemsize) for name, n in out]
+
+
+# -- the step ---------------------------------------------------------------------------
+@dataclass
+class StepMemory:
+    """What one training step holds: its peak and the split of it by category, in bytes.
+
+    peak_bytes: the highest live bytes over the step (memory.peak()[0] of the
+    real step); at_peak: bytes by category at that moment (memory.peak()[1]);
+    highest: each category's own highest value over the step (saved
+    activations: the figure activations.chain_peak predicts, plus what lives
+    before the chain); start: what lives before the step (parameters,
+    optimizer state, accumulation buffers).
+    """
+
+    peak_bytes: int
+    at_peak: dict
+    highest: dict
+    start: dict
+    totals: list = field(default=None, repr=False)  # the total at every point memory.py checks, if asked
+
+
+def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=None, split_blocks=False,
+              optim="adamw", accumulation_itemsize=None, record_totals=False):
+    """Walk one Trainer step (micro-batch forward, backward, accumulate; the optimizer step).
+
+    config: a GPTConfig (or anything with its fields). batch_size: examples per
+    micro-batch (per_device_train_batch_size); seq_len <= config.block_size.
+    itemsize: 4 (float32) or 8 (float64), the model's dtype. segments: None (no
+    checkpointing), or what GPT.gradient_checkpointing_enable takes ('every',
+    'sqrt', an int, boundaries, a schedules.Plan); policy: None, a name or a
+    callable (policies.py); split_blocks: checkpoint blocks' halves. optim:
+    'adamw' (two moments) or 'sgd' (none: the Trainer's SGD has no momentum).
+    accumulation_itemsize: bytes per element of the accumulation buffers
+    (TrainingArguments.accumulation_dtype), default the model's.
+
+    Every micro-batch of a step starts from the same state (the accumulator
+    frees each micro-batch's gradients), so the peak does not depend on
+    gradient_accumulation_steps; it is walked once. Returns a StepMemory.
+    """
+    chain_length = config.n_layer * (2 if split_blocks else 1)
+    bounds = segment_bounds(chain_length, segments) if segments is not None else None
+    if isinstance(segments, Plan):
+        segments = segments.segments
+    policy = policies.resolve(policy)
+    if policy is not None and bounds is None:
+        raise ValueError("a checkpoint policy applies to checkpointed segments; give segments too")
+    _walk.ledger, _walk.tapes = _Ledger(record_totals), [_Tape()]
+    try:
+        return _train_step(config, batch_size, seq_len, itemsize, bounds, policy, split_blocks, optim,
+                           accumulation_itemsize or itemsize)
+    finally:
+        _walk.ledger = _walk.tapes = None
+
+
+def _train_step(config, B, T, f, bounds, policy, split_blocks, optim, acc_f):
+    ledger = _walk.ledger
+    model = _Model(config, B, T, f, bounds, policy, split_blocks)
+    params = [model.p[name] for name, _ in model.params]
+    moments = 2 if optim == "adamw" else 0
+    state = [_Array(p.nbytes) for p in params for _ in range(moments)]  # AdamW's exp_avg, exp_avg_sq
+    for a in state:
+        ledger.track(a, "optimizer")
+    buffers = [_Array(p.nbytes // f * acc_f) for p in params]  # GradientAccumulator's buffers
+    for a in buffers:
+        ledger.track(a, "accumulation")
+    ledger.reset_peak()
+    ledger.highest = dict(ledger.current)
+    start = dict(ledger.current)
+    if ledger.totals is not None:
+        ledger.totals.append(ledger.total())
+
+    # Trainer.compute_loss: logits = model(input_ids); cross_entropy(logits, labels, reduction="sum")
+    input_ids = _Array(INT64 * B * T)  # the batch, made by collate on the host
+    loss = _compute_loss(model, input_ids)
+    # loss.backward(): the seed gradient is ones of the loss's shape
+    seed = _Array(f)
+    _walk.tapes[0].backward([loss], [seed])
+    seed = loss = None  # backward returns (its argument list goes), then `del loss`
+    # GradientAccumulator.accumulate: buffer += p.grad; p.grad = None
+    for p in params:
+        p.grad = None
+    # Trainer._optimizer_step: write_grads (the buffer becomes p.grad, or a cast copy of it), clip,
+    # step (in place), zero_grad
+    if acc_f != f:
+        for p in params:
+            grad = _Array(p.nbytes)  # (buffer / items).astype(p.dtype)
+            p.grad = _Tensor(grad)
+            ledger.track(grad, "gradients")
+        for p in params:
+            p.grad = None
+    input_ids = None  # the batch goes when the next one is made (or train() returns)
+    return StepMemory(ledger.peak_total, dict(ledger.peak), dict(ledger.highest), start, ledger.totals)
+
+
+def _compute_loss(model, input_ids):
+    logits = model.forward(input_ids)
+    flat = _apply(_Reshape, logits)  # (B*T, V), a view
+    loss = _apply(_CrossEntropy, flat, n_rows=model.B * model.T, itemsize=model.f)
+    return loss
+
+
+def op_scratch_bytes(config, batch_size, seq_len, itemsize=4):
+    """An upper bound on the arrays one op makes and frees inside itself (memory.py does not see them).
+
+    The largest such working set in a step of this GPT, from the ops' code:
+    cross-entropy's forward holds the logits' exp and its backward's grad
+    computation the (B*T, V) softmax (one (B*T, V) array); the embedding's
+    backward a dense (V, C) gradient added into the tied weight's .grad; a
+    softmax backward's product g * out (one attention-score array); the
+    optimizer's temporaries (AdamW: about three arrays the size of the largest
+    parameter). The bound is the largest of these; a device allocator sees
+    it on top of memory.py's peak only if it falls at the same moment, so
+    `peak + scratch` is an upper bound of what the device needs beyond its
+    allocator's own overheads.
+    """
+    B, T, C, V, nh = batch_size, seq_len, config.n_embd, config.vocab_size, config.n_head
+    f = itemsize
+    largest_param = max(V * C, 4 * C * C, config.block_size * C) * f
+    return max(B * T * V * f, V * C * f, B * nh * T * T * f, 4 * B * T * C * f, 3 * largest_param)
