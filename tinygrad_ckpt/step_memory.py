@@ -71,31 +71,91 @@ class _Array:
         self.base = base
 
 
+class _ParamArray(_Array):
+    """A parameter's array. Parameters live through the whole step and are always counted as
+    parameters (an op saving a weight does not change that), so the walk counts their bytes
+    once, in bulk, and does not track them one by one."""
+
+    __slots__ = ()
+
+
 def _view(a, nbytes=None):
     """A view of a (a slice, transpose or reshape that shares its memory)."""
     return _Array(a.nbytes if nbytes is None else nbytes, a)
 
 
 class _Ledger(memory.MemoryTracker):
-    """memory.py's tracker, also keeping each category's highest value and the totals it checked."""
+    """memory.py's tracker, keeping more: each category's highest value, the state at every
+    check (if asked), open regions' highest points, and the bytes of copies not walked."""
 
-    def __init__(self, record_totals=False):
+    def __init__(self, record=False):
         super().__init__()
         self.highest = dict(self.current)
-        self.totals = [] if record_totals else None
+        self.points = [] if record else None  # the bytes by category at every peak check
+        self.regions = []  # open _Regions, innermost last
+        self.copies = dict.fromkeys(memory.CATEGORIES, 0)  # bytes held by copies of walked units
 
     def _update_peak(self):
         super()._update_peak()
-        for c, v in self.current.items():
+        self._checked(self.current)
+
+    def _checked(self, state):
+        for c, v in state.items():
             if v > self.highest[c]:
                 self.highest[c] = v
-        if self.totals is not None:
-            self.totals.append(self.total())
+        for r in self.regions:
+            r.checked(state)
+        if self.points is not None:
+            self.points.append(tuple(state[c] for c in memory.CATEGORIES))
 
-    def release(self, array, category):
-        super().release(array, category)
-        if self.current["other"] > self.highest["other"]:  # a released array is "other" now
-            self.highest["other"] = self.current["other"]
+    def repeat(self, region, times):
+        """The walked unit `region` happens `times` more times, one after the other: check its
+        highest point in the last of them (the first, if it loses bytes) and hold their bytes."""
+        net = {c: self.current[c] - region.start[c] for c in memory.CATEGORIES}
+        if region.best is not None:
+            # A straight line of copies: the highest point is in the first or the last.
+            for j in sorted({1, times}):
+                state = {c: region.best[c] + j * net[c] for c in memory.CATEGORIES}
+                total = sum(state.values())
+                if total > self.peak_total:
+                    self.peak_total, self.peak = total, state
+                for r in self.regions:
+                    r.checked(state)
+                if self.points is not None:  # every check of the unit, shifted by j copies
+                    shift = tuple(j * net[c] for c in memory.CATEGORIES)
+                    self.points.extend(tuple(v + d for v, d in zip(point, shift))
+                                       for point in self.points[region.first_point:region.last_point])
+            for c in memory.CATEGORIES:
+                top = region.own[c] + max(0, times * net[c])
+                self.highest[c] = max(self.highest[c], top)
+                for r in self.regions:
+                    r.own[c] = max(r.own[c], top)
+        for c in memory.CATEGORIES:
+            self.current[c] += times * net[c]
+            self.copies[c] += times * net[c]
+
+
+class _Region:
+    """The checks between open() and close(): the highest one (first of equals), each category's highest."""
+
+    def __init__(self, ledger):
+        self.ledger, self.start = ledger, dict(ledger.current)
+        self.best, self.best_total, self.own = None, -1, dict(ledger.current)
+        self.first_point = self.last_point = len(ledger.points) if ledger.points is not None else 0
+        ledger.regions.append(self)
+
+    def checked(self, state):
+        total = sum(state.values())
+        if total > self.best_total:
+            self.best, self.best_total = dict(state), total
+        for c, v in state.items():
+            if v > self.own[c]:
+                self.own[c] = v
+
+    def close(self):
+        self.ledger.regions.remove(self)
+        if self.ledger.points is not None:
+            self.last_point = len(self.ledger.points)
 
 
 class _Tensor:
@@ -106,6 +166,13 @@ class _Tensor:
     def __init__(self, data, requires_grad=False):
         _walk.ledger.track(data)
         self.data, self.requires_grad, self.node, self.grad = data, requires_grad, None, None
+
+    @classmethod
+    def parameter(cls, data):
+        """An nn.Parameter (counted in bulk by _train_step, not tracked here)."""
+        t = cls.__new__(cls)
+        t.data, t.requires_grad, t.node, t.grad = data, True, None, None
+        return t
 
     @property
     def nbytes(self):
@@ -123,13 +190,13 @@ class _Ctx:
         if not any(self.needs_input_grad):
             return
         for a in arrays:
-            if a is not None:
+            if a is not None and not isinstance(a, _ParamArray):  # a saved weight stays "parameters"
                 _walk.ledger.track(a, "activations")
         self.saved = arrays
 
     def free(self):
         for a in self.saved:
-            if a is not None:
+            if a is not None and not isinstance(a, _ParamArray):
                 _walk.ledger.release(a, "activations")
         self.saved = None
 
@@ -141,10 +208,10 @@ class _Ctx:
 class _Node:
     """tape.Node: the op, its ctx, where its inputs' gradients go, its outputs' count."""
 
-    __slots__ = ("op", "ctx", "edges", "n_out", "__weakref__")
+    __slots__ = ("op", "ctx", "edges", "n_out", "run", "__weakref__")
 
     def __init__(self, op, ctx, inputs, outputs):
-        self.op, self.ctx, self.n_out = op, ctx, len(outputs)
+        self.op, self.ctx, self.n_out, self.run = op, ctx, len(outputs), None
         self.edges = tuple(_edge(t) for t in inputs)
         for i, t in enumerate(outputs):
             t.node = (self, i)
@@ -176,10 +243,16 @@ class _Tape:
         for e, g in zip(edges, grads):
             _deliver(e if isinstance(e, tuple) else _edge(e), g, pending, seen)
         edges = None
+        run = region = None  # the repeated unit whose records are being walked, and its region
         for ref in reversed(self.records):
             node = ref()
             if node is None:
                 continue
+            if node.run is not run:
+                if region is not None:
+                    region.close()
+                    _walk.ledger.repeat(region, run.times)
+                run, region = node.run, (_Region(_walk.ledger) if node.run is not None else None)
             out_grads = [pending.pop((node, i), None) for i in range(node.n_out)]
             if all(g is None for g in out_grads):
                 continue
@@ -190,6 +263,9 @@ class _Tape:
                     _deliver(edge, g, pending, seen)
             out_grads = in_grads = g = None
             node.edges = ()
+        if region is not None:
+            region.close()
+            _walk.ledger.repeat(region, run.times)
         self.records = []
 
 
@@ -310,6 +386,8 @@ class _Walk:
 
     ledger = None
     tapes = None
+    runs = []  # the repeated units being walked, innermost last
+    stretch = True  # walk a run of identical units as two, and count the rest as copies
 
 
 _walk = _Walk()
@@ -326,7 +404,9 @@ def _apply(op, *inputs, **options):
     requires_grad = any(needs)
     tensors = tuple(_Tensor(o, requires_grad) for o in outs)
     if requires_grad:
-        active.append(_Node(op, ctx, inputs, tensors))
+        node = _Node(op, ctx, inputs, tensors)
+        node.run = next((r for r in reversed(_walk.runs) if r.tape is active), None)
+        active.append(node)
     return tensors if isinstance(out, tuple) else tensors[0]
 
 
@@ -620,11 +700,87 @@ def _checkpoint(fn, x, policy):
 
 
 def _run_segments(functions, segments, x, policy):
-    """checkpoint._run_segments: stored segments run inline, checkpointed ones through _checkpoint."""
+    """checkpoint._run_segments: stored segments run inline, checkpointed ones through _checkpoint.
+
+    A stored segment is walked layer by layer (the same ops, in the same
+    order). A run of m >= 4 identical units (a unit: one or two consecutive
+    segments, alike in length, layers and plan) is walked three times, the
+    first, the second and the last; the other m - 3 are counted as copies of
+    the second (`_Ledger.repeat`), in the forward here and in the backward
+    when the tape reaches the second unit's records. The second unit has a
+    unit like it on either side, as every copy has, so each copy holds and
+    frees the same bytes at the same moments: this is exact, and tests
+    check it against walking every copy.
+    """
+    pieces = []
     for start, stop, how in segments:
-        run = _Chain(functions, start, stop, how if isinstance(how, list) else None)
-        x = _checkpoint(run, x, policy) if how else run(x)
+        pieces += [(start, stop, how)] if how else [(i, i + 1, False) for i in range(start, stop)]
+    signatures = [_signature(functions, piece) for piece in pieces]
+    active = _walk.tapes[-1]
+    # Inside a segment with a policy, what a unit keeps is freed by the segment's record, not by the
+    # unit's own backward: no copies there (the segments of the strategies in fit.py are one block).
+    stretch = _walk.stretch and not isinstance(active, _ReplayTape) and not (
+        isinstance(active, _SegmentTape) and active.stash is not None)
+    for first, p, m in _runs(signatures):
+        if m < 4 or not stretch:
+            for piece in pieces[first:first + p * m]:
+                x = _run_piece(functions, piece, x, policy)
+            continue
+        for piece in pieces[first:first + p]:  # the first unit: its input comes from before the run
+            x = _run_piece(functions, piece, x, policy)
+        _walk.runs.append(_Run(m - 3, _walk.tapes[-1]))
+        region = _Region(_walk.ledger)
+        try:  # the second unit, between two like it: standing for m - 2 of them
+            for piece in pieces[first + p:first + 2 * p]:
+                x = _run_piece(functions, piece, x, policy)
+        finally:
+            _walk.runs.pop()
+        region.close()
+        _walk.ledger.repeat(region, m - 3)
+        for piece in pieces[first + (m - 1) * p:first + m * p]:  # the last: its gradient comes from after the run
+            x = _run_piece(functions, piece, x, policy)
     return x
+
+
+def _run_piece(functions, segment, x, policy):
+    start, stop, how = segment
+    run = _Chain(functions, start, stop, how if isinstance(how, list) else None)
+    return _checkpoint(run, x, policy) if how else run(x)
+
+
+class _Run:
+    """A unit walked a second time, standing for `times` more copies; its records are on `tape`."""
+
+    def __init__(self, times, tape):
+        self.times, self.tape = times, tape
+
+
+def _signature(functions, segment):
+    """What makes two segments walk alike: their layers' kinds and their plan, relative to their start."""
+    start, stop, how = segment
+    return tuple(f.kind for f in functions[start:stop]), _relative(how, start)
+
+
+def _relative(how, start):
+    if not isinstance(how, list):
+        return bool(how)
+    return tuple((a - start, b - start, _relative(h, start)) for a, b, h in how)
+
+
+def _runs(signatures):
+    """[(first index, unit length p, repeats m)]: the list cut into runs of a repeated unit of 1 or 2."""
+    out, i, n = [], 0, len(signatures)
+    while i < n:
+        best_p, best_m = 1, 1
+        for p in (1, 2):
+            m = 1
+            while i + (m + 1) * p <= n and signatures[i + m * p:i + (m + 1) * p] == signatures[i:i + p]:
+                m += 1
+            if m >= 3 and p * m > best_p * best_m:
+                best_p, best_m = p, m
+        out.append((i, best_p, best_m))
+        i += best_p * best_m
+    return out
 
 
 class _Chain:
@@ -636,9 +792,21 @@ class _Chain:
     def __call__(self, x):
         if self.inner is not None:
             return _run_segments(self.functions, self.inner, x, None)
-        for f in self.functions[self.start:self.stop]:
-            x = f(x)
-        return x
+        if self.stop - self.start == 1:
+            return self.functions[self.start](x)
+        return _run_segments(self.functions, [(self.start, self.stop, False)], x, None)
+
+
+class _Layer:
+    """One function of the chain GPT.checkpoint_chain() gives: a block, or half of one."""
+
+    __slots__ = ("fn", "kind")
+
+    def __init__(self, fn, kind):
+        self.fn, self.kind = fn, kind
+
+    def __call__(self, x):
+        return self.fn(x)
 
 
 # -- the GPT, as nn/transformer.py runs it ---------------------------------------------
@@ -654,10 +822,7 @@ class _Model:
         # Reshaping (B, T, nh, hs) back to (B, T, C) copies unless an axis of the pair is 1 (NumPy's rule).
         self.heads_copy = seq_len > 1 and self.nh > 1 and self.hs > 1
         self.params = _parameters(c, itemsize)
-        self.p = {}
-        for name, nbytes in self.params:  # nn.Parameter: counted as parameters
-            self.p[name] = _Tensor(_Array(nbytes), requires_grad=True)
-            _walk.ledger.track(self.p[name].data, "parameters")
+        self.p = {name: _Tensor.parameter(_ParamArray(nbytes)) for name, nbytes in self.params}
         if c.tie_weights:
             self.p["lm_head.weight"] = self.p["wte.weight"]
 
@@ -725,9 +890,10 @@ class _Model:
     def chain(self):
         """GPT.checkpoint_chain: the blocks, or their halves."""
         if not self.split:
-            return [lambda x, i=i: self.block(x, i) for i in range(self.n_layer)]
-        return [f for i in range(self.n_layer) for f in (lambda x, i=i: self.attention_sublayer(x, i),
-                                                         lambda x, i=i: self.feed_forward_sublayer(x, i))]
+            return [_Layer(lambda x, i=i: self.block(x, i), "block") for i in range(self.n_layer)]
+        return [layer for i in range(self.n_layer)
+                for layer in (_Layer(lambda x, i=i: self.attention_sublayer(x, i), "attention"),
+                              _Layer(lambda x, i=i: self.feed_forward_sublayer(x, i), "feed_forward"))]
 
     def forward(self, idx):
         B, T, C, f = self.B, self.T, self.C, self.f
@@ -737,9 +903,8 @@ class _Model:
         x = self.drop(_apply(_Add, tok_emb, pos_emb, out_nbytes=B * T * C * f, b_broadcast=True))
         if self.segments is not None:
             x = _run_segments(self.chain(), self.segments, x, self.policy)
-        else:
-            for i in range(self.n_layer):
-                x = self.block(x, i)
+        else:  # for block in self.blocks: x = block(x)
+            x = _run_segments(self.chain(), [(0, self.n_layer, False)], x, None)
         x = self.layer_norm(x, "ln_f")
         logits = self.linear(x, "lm_head", self.V)
         return logits
@@ -781,11 +946,11 @@ class StepMemory:
     at_peak: dict
     highest: dict
     start: dict
-    totals: list = field(default=None, repr=False)  # the total at every point memory.py checks, if asked
+    points: list = field(default=None, repr=False)  # bytes by category at every check, if asked
 
 
 def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=None, split_blocks=False,
-              optim="adamw", accumulation_itemsize=None, record_totals=False):
+              optimizer_bytes=None, accumulation_itemsize=None, record=False, stretch=True):
     """Walk one Trainer step (micro-batch forward, backward, accumulate; the optimizer step).
 
     config: a GPTConfig (or anything with its fields). batch_size: examples per
@@ -793,10 +958,14 @@ def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=Non
     itemsize: 4 (float32) or 8 (float64), the model's dtype. segments: None (no
     checkpointing), or what GPT.gradient_checkpointing_enable takes ('every',
     'sqrt', an int, boundaries, a schedules.Plan); policy: None, a name or a
-    callable (policies.py); split_blocks: checkpoint blocks' halves. optim:
-    'adamw' (two moments) or 'sgd' (none: the Trainer's SGD has no momentum).
-    accumulation_itemsize: bytes per element of the accumulation buffers
-    (TrainingArguments.accumulation_dtype), default the model's.
+    callable (policies.py); split_blocks: checkpoint blocks' halves.
+    optimizer_bytes: bytes of optimizer state per parameter element, default
+    AdamW's two moments in the model's dtype (2 * itemsize; 0 for the
+    Trainer's SGD, which has no momentum). accumulation_itemsize: bytes per
+    element of the accumulation buffers (TrainingArguments.accumulation_dtype),
+    default the model's. record: keep the bytes by category at every check
+    (StepMemory.points). stretch: walk runs of identical units as three
+    (see `_run_segments`); False walks every block.
 
     Every micro-batch of a step starts from the same state (the accumulator
     frees each micro-batch's gradients), so the peak does not depend on
@@ -809,30 +978,32 @@ def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=Non
     policy = policies.resolve(policy)
     if policy is not None and bounds is None:
         raise ValueError("a checkpoint policy applies to checkpointed segments; give segments too")
-    _walk.ledger, _walk.tapes = _Ledger(record_totals), [_Tape()]
+    _walk.ledger, _walk.tapes, _walk.runs, _walk.stretch = _Ledger(record), [_Tape()], [], stretch
     try:
-        return _train_step(config, batch_size, seq_len, itemsize, bounds, policy, split_blocks, optim,
+        return _train_step(config, batch_size, seq_len, itemsize, bounds, policy, split_blocks,
+                           2 * itemsize if optimizer_bytes is None else optimizer_bytes,
                            accumulation_itemsize or itemsize)
     finally:
         _walk.ledger = _walk.tapes = None
+        _walk.runs = []
 
 
-def _train_step(config, B, T, f, bounds, policy, split_blocks, optim, acc_f):
+def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, acc_f):
     ledger = _walk.ledger
     model = _Model(config, B, T, f, bounds, policy, split_blocks)
     params = [model.p[name] for name, _ in model.params]
-    moments = 2 if optim == "adamw" else 0
-    state = [_Array(p.nbytes) for p in params for _ in range(moments)]  # AdamW's exp_avg, exp_avg_sq
-    for a in state:
-        ledger.track(a, "optimizer")
-    buffers = [_Array(p.nbytes // f * acc_f) for p in params]  # GradientAccumulator's buffers
-    for a in buffers:
-        ledger.track(a, "accumulation")
+    elements = sum(p.nbytes for p in params) // f
+    # What lives before the step: the parameters, the optimizer's state (AdamW: exp_avg and
+    # exp_avg_sq, each parameter-sized), the GradientAccumulator's buffers (always there in the
+    # Trainer). Never freed, never recategorised: counted in bulk.
+    ledger.current["parameters"] += elements * f
+    ledger.current["optimizer"] += elements * optimizer_bytes
+    ledger.current["accumulation"] += elements * acc_f
     ledger.reset_peak()
     ledger.highest = dict(ledger.current)
     start = dict(ledger.current)
-    if ledger.totals is not None:
-        ledger.totals.append(ledger.total())
+    if ledger.points is not None:
+        ledger.points.append(tuple(start[c] for c in memory.CATEGORIES))
 
     # Trainer.compute_loss: logits = model(input_ids); cross_entropy(logits, labels, reduction="sum")
     input_ids = _Array(INT64 * B * T)  # the batch, made by collate on the host
@@ -844,17 +1015,26 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optim, acc_f):
     # GradientAccumulator.accumulate: buffer += p.grad; p.grad = None
     for p in params:
         p.grad = None
-    # Trainer._optimizer_step: write_grads (the buffer becomes p.grad, or a cast copy of it), clip,
-    # step (in place), zero_grad
+    for c in memory.CATEGORIES:  # the gradients of the blocks counted as copies go too
+        ledger.current[c] -= ledger.copies[c]
+        ledger.copies[c] = 0
+    # Trainer._optimizer_step: write_grads, clip, step (in place), zero_grad. With buffers of the
+    # parameters' dtype, a buffer becomes p.grad itself; with another dtype, each p.grad is a new
+    # cast copy: Tensor(grad) ("other", checked), then counted as gradients. The totals only rise,
+    # so the highest check is the last parameter's; "other" is highest at the largest parameter.
     if acc_f != f:
-        for p in params:
-            grad = _Array(p.nbytes)  # (buffer / items).astype(p.dtype)
-            p.grad = _Tensor(grad)
-            ledger.track(grad, "gradients")
-        for p in params:
-            p.grad = None
+        sizes = [p.nbytes for p in params]
+        last, largest = len(sizes) - 1, max(range(len(sizes) - 1), key=sizes.__getitem__, default=None)
+        rest = _Array(sum(sizes) - sizes[last] - (sizes[largest] if largest is not None else 0))
+        ledger.track(rest, "gradients")
+        grads = [rest]
+        for i in ([largest] if largest is not None else []) + [last]:
+            grads.append(_Array(sizes[i]))
+            ledger.track(grads[-1])
+            ledger.track(grads[-1], "gradients")
+        grads = rest = None  # zero_grad
     input_ids = None  # the batch goes when the next one is made (or train() returns)
-    return StepMemory(ledger.peak_total, dict(ledger.peak), dict(ledger.highest), start, ledger.totals)
+    return StepMemory(ledger.peak_total, dict(ledger.peak), dict(ledger.highest), start, ledger.points)
 
 
 def _compute_loss(model, input_ids):
