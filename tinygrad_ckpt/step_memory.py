@@ -94,6 +94,9 @@ class _Ledger(memory.MemoryTracker):
         self.points = [] if record else None  # the bytes by category at every peak check
         self.regions = []  # open _Regions, innermost last
         self.copies = dict.fromkeys(memory.CATEGORIES, 0)  # bytes held by copies of walked units
+        self.device_peak = 0  # the highest of the checks and of `scratch` moments, plus `constant`
+        self.scratch_points = [] if record else None  # every `scratch` moment's bytes (without `constant`)
+        self.constant = 0  # bytes alive through the whole step that memory.py never sees
 
     def _update_peak(self):
         super()._update_peak()
@@ -107,6 +110,19 @@ class _Ledger(memory.MemoryTracker):
             r.checked(state)
         if self.points is not None:
             self.points.append(tuple(state[c] for c in memory.CATEGORIES))
+        total = sum(state.values()) + self.constant
+        if total > self.device_peak:
+            self.device_peak = total
+
+    def scratch(self, extra):
+        """A moment inside an op: the counted bytes and `extra` bytes it holds that memory.py does not see."""
+        value = self.total() + extra
+        if value + self.constant > self.device_peak:
+            self.device_peak = value + self.constant
+        for r in self.regions:
+            r.scratch(value)
+        if self.scratch_points is not None:
+            self.scratch_points.append(value)
 
     def repeat(self, region, times):
         """The walked unit `region` happens `times` more times, one after the other: check its
@@ -130,6 +146,16 @@ class _Ledger(memory.MemoryTracker):
                 self.highest[c] = max(self.highest[c], top)
                 for r in self.regions:
                     r.own[c] = max(r.own[c], top)
+        net_total = sum(net.values())
+        if region.device_best is not None:
+            for j in sorted({1, times}):
+                value = region.device_best + j * net_total
+                self.device_peak = max(self.device_peak, value + self.constant)
+                for r in self.regions:
+                    r.scratch(value)
+                if self.scratch_points is not None:
+                    self.scratch_points.extend(v + j * net_total for v in
+                                               self.scratch_points[region.first_scratch:region.last_scratch])
         for c in memory.CATEGORIES:
             self.current[c] += times * net[c]
             self.copies[c] += times * net[c]
@@ -141,7 +167,9 @@ class _Region:
     def __init__(self, ledger):
         self.ledger, self.start = ledger, dict(ledger.current)
         self.best, self.best_total, self.own = None, -1, dict(ledger.current)
+        self.device_best = None
         self.first_point = self.last_point = len(ledger.points) if ledger.points is not None else 0
+        self.first_scratch = self.last_scratch = len(ledger.scratch_points) if ledger.scratch_points is not None else 0
         ledger.regions.append(self)
 
     def checked(self, state):
@@ -151,11 +179,17 @@ class _Region:
         for c, v in state.items():
             if v > self.own[c]:
                 self.own[c] = v
+        self.scratch(total)
+
+    def scratch(self, value):
+        if self.device_best is None or value > self.device_best:
+            self.device_best = value
 
     def close(self):
         self.ledger.regions.remove(self)
         if self.ledger.points is not None:
             self.last_point = len(self.ledger.points)
+            self.last_scratch = len(self.ledger.scratch_points)
 
 
 class _Tensor:
@@ -257,11 +291,19 @@ class _Tape:
             if all(g is None for g in out_grads):
                 continue
             in_grads = node.op.backward(node.ctx, *out_grads)
+            # The new gradient arrays exist now, with the saved ones and the op's scratch: memory.py
+            # sees each only once it is delivered (and a copy, a sum or an added one never).
+            ledger = _walk.ledger
+            made = {id(g): g.nbytes for g in in_grads if g is not None and g.base is None and id(g) not in ledger.buffers}
+            unseen = sum(made.values())
+            ledger.scratch(unseen + node.op.scratch_backward(node.ctx))
             node.ctx.free()
             for edge, g in zip(node.edges, in_grads):
                 if g is not None and (edge[0] is not None or edge[1] is not None):
-                    _deliver(edge, g, pending, seen)
-            out_grads = in_grads = g = None
+                    if _deliver(edge, g, pending, seen, unseen) and id(g) in made:
+                        unseen -= made.pop(id(g))
+                    ledger.scratch(unseen)
+            out_grads = in_grads = g = made = None
             node.edges = ()
         if region is not None:
             region.close()
@@ -269,22 +311,30 @@ class _Tape:
         self.records = []
 
 
-def _deliver(edge, g, pending, seen):
-    """tape._deliver: into a leaf's .grad (a copy if g is a view or was placed), or a pending sum."""
+def _deliver(edge, g, pending, seen, unseen=0):
+    """tape._deliver: into a leaf's .grad (a copy if g is a view or was placed), or a pending sum.
+
+    Returns whether g itself is now held (and counted), not a copy or a sum of it. unseen: the
+    bytes of this record's gradients not counted yet (g among them, if it is new)."""
     record, leaf = edge
     if record is None:
+        adopted = False
         if leaf.grad is None:
             owned = g if (g.base is None and g not in seen) else _Array(g.nbytes)
             leaf.grad = _Tensor(owned)
             _walk.ledger.track(owned, "gradients")
+            adopted = owned is g
         # else: leaf.grad += g, in place
         seen.add(g)
-        return
+        return adopted
     entry = pending.get(edge)
     total = g if entry is None else _Array(g.nbytes)  # entry + g: a new array
     _walk.ledger.track(total)
+    if entry is not None:
+        _walk.ledger.scratch(unseen)  # entry, the sum and g, all at once, until the entry goes
     pending[edge] = total
     seen.add(total)
+    return total is g
 
 
 class _SegmentTape(_Tape):
@@ -376,6 +426,7 @@ class _ReplayTape(_Tape):
         kept_out, kept_saved, multiple, attrs = entry
         outs = [_resolve(r, arrays, options, None, self.stashed) for r in kept_out]
         ctx.__dict__.update(attrs)
+        ctx.replayed = True
         ctx.save_for_backward(*(None if r is None else _resolve(r, arrays, options, outs, self.stashed)
                                 for r in kept_saved))
         return tuple(outs) if multiple else outs[0]
@@ -387,7 +438,9 @@ class _Walk:
     ledger = None
     tapes = None
     runs = []  # the repeated units being walked, innermost last
-    stretch = True  # walk a run of identical units as two, and count the rest as copies
+    stretch = True  # walk a run of identical units as three, and count the rest as copies
+    device = "cpu"  # where the arrays live: "cpu" (NumPy) or "cuda" (CuPy); decides some scratch
+    itemsize = 4
 
 
 _walk = _Walk()
@@ -401,6 +454,12 @@ def _apply(op, *inputs, **options):
     arrays = [t.data for t in inputs]
     out = active.run(op, ctx, arrays, options) if active is not None else op.forward(ctx, *arrays, **options)
     outs = out if isinstance(out, tuple) else (out,)
+    if not getattr(ctx, "replayed", False):  # the op ran: its outputs exist, not yet counted, and its scratch
+        ledger = _walk.ledger
+        made = sum(o.nbytes for o in outs if o.base is None and id(o) not in ledger.buffers)
+        extra = made + op.scratch_forward(ctx, arrays)
+        if extra:
+            ledger.scratch(extra)
     requires_grad = any(needs)
     tensors = tuple(_Tensor(o, requires_grad) for o in outs)
     if requires_grad:
@@ -413,7 +472,18 @@ def _apply(op, *inputs, **options):
 # -- the ops: what each forward saves and makes, what each backward returns -----------
 # `new` arrays are new memory; a view shares its input's. Sizes in bytes.
 class _Op:
+    """An op of the walk. Besides its forward and backward, what each holds that memory.py does not
+    see: scratch arrays made and freed inside it (bytes, an upper bound from the op's code in ops/)."""
+
     name = "Op"
+
+    @staticmethod
+    def scratch_forward(ctx, arrays):
+        return 0
+
+    @staticmethod
+    def scratch_backward(ctx):
+        return 0
 
 
 class _Add(_Op):
@@ -469,12 +539,20 @@ class _GELU(_Op):
 
     @staticmethod
     def forward(ctx, x):
+        ctx.x_nbytes = x.nbytes
         ctx.save_for_backward(x)
         return _Array(x.nbytes)
 
     @staticmethod
     def backward(ctx, g):
         return (_Array(g.nbytes),)
+
+    @staticmethod
+    def scratch_backward(ctx):
+        # two scratch arrays: pieces of 2**15 elements on the CPU, the whole of x on a GPU
+        if _walk.device == "cpu":
+            return 2 * min(ctx.x_nbytes, (1 << 15) * _walk.itemsize)
+        return 2 * ctx.x_nbytes
 
 
 class _Dropout(_Op):
@@ -484,12 +562,20 @@ class _Dropout(_Op):
 
     @staticmethod
     def forward(ctx, x, keep, p):
+        ctx.keep_nbytes = keep.nbytes
         ctx.save_for_backward(keep)
         return _Array(x.nbytes)
 
     @staticmethod
     def backward(ctx, g):
         return (_Array(g.nbytes),)
+
+    @staticmethod
+    def scratch_forward(ctx, arrays):
+        # the mask, if nothing saved it; on the CPU also the float32 draws it came from
+        # (F.dropout draws on the host: on a GPU they are host memory)
+        unsaved = 0 if ctx.saved else ctx.keep_nbytes
+        return unsaved + (4 * ctx.keep_nbytes if _walk.device == "cpu" else 0)
 
 
 class _Softmax(_Op):
@@ -498,7 +584,8 @@ class _Softmax(_Op):
     name = "Softmax"
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, rows_nbytes):
+        ctx.x_nbytes, ctx.rows_nbytes = x.nbytes, rows_nbytes
         out = _Array(x.nbytes)
         ctx.save_for_backward(out)
         return out
@@ -506,6 +593,14 @@ class _Softmax(_Op):
     @staticmethod
     def backward(ctx, g):
         return (_Array(g.nbytes),)
+
+    @staticmethod
+    def scratch_forward(ctx, arrays):
+        return 2 * ctx.rows_nbytes  # the row maxima and sums
+
+    @staticmethod
+    def scratch_backward(ctx):
+        return ctx.x_nbytes + ctx.rows_nbytes  # g * out, then its row sums
 
 
 class _LayerNorm(_Op):
@@ -515,13 +610,23 @@ class _LayerNorm(_Op):
 
     @staticmethod
     def forward(ctx, x, weight, bias, rows_nbytes):
-        ctx.w_nbytes = weight.nbytes
+        ctx.w_nbytes, ctx.x_nbytes, ctx.rows_nbytes = weight.nbytes, x.nbytes, rows_nbytes
         ctx.save_for_backward(x, weight, _Array(rows_nbytes), _Array(rows_nbytes))
         return _Array(x.nbytes)
 
     @staticmethod
     def backward(ctx, g):
         return _Array(g.nbytes), _Array(ctx.w_nbytes), _Array(ctx.w_nbytes)
+
+    @staticmethod
+    def scratch_forward(ctx, arrays):
+        # the variance and its square root per row; CuPy's einsum may also make the product x * x
+        return 2 * ctx.rows_nbytes + (ctx.x_nbytes if _walk.device != "cpu" else 0)
+
+    @staticmethod
+    def scratch_backward(ctx):
+        # xhat, two per-row means; on a GPU, einsum's products (two)
+        return ctx.x_nbytes + 2 * ctx.rows_nbytes + (2 * ctx.x_nbytes if _walk.device != "cpu" else 0)
 
 
 class _Linear(_Op):
@@ -563,6 +668,16 @@ class _MatMul(_Op):
     def backward(ctx, g):
         a, b = ctx.saved
         return (_Array(ctx.a_nbytes) if b is not None else None), (_Array(ctx.b_nbytes) if a is not None else None)
+
+    # CuPy's batched matmul may copy operands that are not contiguous (q, k and v are views into
+    # qkv; a gradient may be a transposed view): counted on a GPU, as a bound.
+    @staticmethod
+    def scratch_forward(ctx, arrays):
+        return 0 if _walk.device == "cpu" else sum(a.nbytes for a in arrays)
+
+    @staticmethod
+    def scratch_backward(ctx):
+        return 0 if _walk.device == "cpu" else ctx.a_nbytes + ctx.b_nbytes
 
 
 class _Reshape(_Op):
@@ -622,13 +737,23 @@ class _CrossEntropy(_Op):
 
     @staticmethod
     def forward(ctx, logits, n_rows, itemsize):
-        ctx.logits_nbytes = logits.nbytes
+        ctx.logits_nbytes, ctx.n_rows, ctx.f = logits.nbytes, n_rows, itemsize
         ctx.save_for_backward(_Array(logits.nbytes), _Array(INT64 * n_rows), _Array(BOOL * n_rows))
         return _Array(itemsize)  # the loss, a 0-d array
 
     @staticmethod
     def backward(ctx, g):
         return (_Array(ctx.logits_nbytes),)
+
+    @staticmethod
+    def scratch_forward(ctx, arrays):
+        # exp(logp) (N, V); row maxima, sums, logs and the picked values; on a GPU the targets' copy
+        n = ctx.n_rows
+        return ctx.logits_nbytes + 4 * n * ctx.f + (INT64 * n if _walk.device != "cpu" else 0)
+
+    @staticmethod
+    def scratch_backward(ctx):
+        return INT64 * ctx.n_rows + 2 * ctx.n_rows * ctx.f  # arange(N), valid * scale
 
 
 class _Checkpoint(_Op):
@@ -865,7 +990,7 @@ class _Model:
         att = _apply(_Mul, _apply(_MatMul, q, _apply(_Permute, k), out_nbytes=scores), self.lift())
         future = _Array(BOOL * T * T)  # xp.triu(...): tracked only if saved
         att = _apply(_Where, self.lift(), att, condition=future)
-        att = _apply(_Softmax, att)
+        att = _apply(_Softmax, att, rows_nbytes=B * nh * T * f)
         att = self.drop(att)
         y = _apply(_MatMul, att, v, out_nbytes=third)  # (B, nh, T, hs)
         y = _apply(_Reshape, _apply(_Permute, y), copies=self.heads_copy)  # (B, T, C)
@@ -940,17 +1065,29 @@ class StepMemory:
     activations: the figure activations.chain_peak predicts, plus what lives
     before the chain); start: what lives before the step (parameters,
     optimizer state, accumulation buffers).
+
+    device_peak_bytes: an upper bound of what the arrays of the step occupy
+    at their highest: the counted bytes plus, at each op, the scratch arrays
+    it makes inside itself and the arrays it has made but memory.py has not
+    counted yet (a backward's gradients before they are delivered; one added
+    into a tied weight's .grad is never counted), plus `constant_bytes`
+    (arrays alive through the step that memory.py never sees: on the CPU the
+    batch's labels). It is what an allocator must find room for, before its
+    own overheads (rounding, caching, fragmentation, the CUDA context).
     """
 
     peak_bytes: int
     at_peak: dict
     highest: dict
     start: dict
+    device_peak_bytes: int = 0
+    constant_bytes: int = 0
     points: list = field(default=None, repr=False)  # bytes by category at every check, if asked
+    scratch_points: list = field(default=None, repr=False)  # bytes at every scratch moment, if asked
 
 
 def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=None, split_blocks=False,
-              optimizer_bytes=None, accumulation_itemsize=None, record=False, stretch=True):
+              optimizer_bytes=None, accumulation_itemsize=None, device="cpu", record=False, stretch=True):
     """Walk one Trainer step (micro-batch forward, backward, accumulate; the optimizer step).
 
     config: a GPTConfig (or anything with its fields). batch_size: examples per
@@ -963,9 +1100,11 @@ def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=Non
     AdamW's two moments in the model's dtype (2 * itemsize; 0 for the
     Trainer's SGD, which has no momentum). accumulation_itemsize: bytes per
     element of the accumulation buffers (TrainingArguments.accumulation_dtype),
-    default the model's. record: keep the bytes by category at every check
-    (StepMemory.points). stretch: walk runs of identical units as three
-    (see `_run_segments`); False walks every block.
+    default the model's. device: "cpu" (NumPy) or "cuda" (CuPy): where the
+    arrays live, which decides some scratch (see StepMemory.device_peak_bytes).
+    record: keep the bytes at every check (StepMemory.points and
+    scratch_points). stretch: walk runs of identical units as three (see
+    `_run_segments`); False walks every block.
 
     Every micro-batch of a step starts from the same state (the accumulator
     frees each micro-batch's gradients), so the peak does not depend on
@@ -978,7 +1117,10 @@ def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=Non
     policy = policies.resolve(policy)
     if policy is not None and bounds is None:
         raise ValueError("a checkpoint policy applies to checkpointed segments; give segments too")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     _walk.ledger, _walk.tapes, _walk.runs, _walk.stretch = _Ledger(record), [_Tape()], [], stretch
+    _walk.device, _walk.itemsize = device, itemsize
     try:
         return _train_step(config, batch_size, seq_len, itemsize, bounds, policy, split_blocks,
                            2 * itemsize if optimizer_bytes is None else optimizer_bytes,
@@ -999,8 +1141,11 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
     ledger.current["parameters"] += elements * f
     ledger.current["optimizer"] += elements * optimizer_bytes
     ledger.current["accumulation"] += elements * acc_f
+    if _walk.device == "cpu":
+        ledger.constant = INT64 * B * T  # the batch's labels (host memory, never a Tensor)
     ledger.reset_peak()
     ledger.highest = dict(ledger.current)
+    ledger.device_peak = ledger.total() + ledger.constant
     start = dict(ledger.current)
     if ledger.points is not None:
         ledger.points.append(tuple(start[c] for c in memory.CATEGORIES))
@@ -1022,7 +1167,9 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
     # parameters' dtype, a buffer becomes p.grad itself; with another dtype, each p.grad is a new
     # cast copy: Tensor(grad) ("other", checked), then counted as gradients. The totals only rise,
     # so the highest check is the last parameter's; "other" is highest at the largest parameter.
+    largest = max(p.nbytes for p in params)
     if acc_f != f:
+        ledger.scratch(largest // f * (acc_f + f))  # (buffer / items), then its cast copy
         sizes = [p.nbytes for p in params]
         last, largest = len(sizes) - 1, max(range(len(sizes) - 1), key=sizes.__getitem__, default=None)
         rest = _Array(sum(sizes) - sizes[last] - (sizes[largest] if largest is not None else 0))
@@ -1032,13 +1179,20 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
             grads.append(_Array(sizes[i]))
             ledger.track(grads[-1])
             ledger.track(grads[-1], "gradients")
+    # optimizer.step(): AdamW holds sqrt(v), m / sqrt(v) and its scaled copy for one parameter at a
+    # time; SGD the scaled gradient
+    ledger.scratch((3 if optimizer_bytes else 1) * largest)
+    if acc_f != f:
         grads = rest = None  # zero_grad
     input_ids = None  # the batch goes when the next one is made (or train() returns)
-    return StepMemory(ledger.peak_total, dict(ledger.peak), dict(ledger.highest), start, ledger.points)
+    return StepMemory(ledger.peak_total, dict(ledger.peak), dict(ledger.highest), start, ledger.device_peak,
+                      ledger.constant, ledger.points, ledger.scratch_points)
 
 
 def _compute_loss(model, input_ids):
     logits = model.forward(input_ids)
+    if _walk.device == "cpu":  # compute_loss's label checks: boolean arrays over the batch
+        _walk.ledger.scratch(3 * BOOL * model.B * model.T)
     flat = _apply(_Reshape, logits)  # (B*T, V), a view
     loss = _apply(_CrossEntropy, flat, n_rows=model.B * model.T, itemsize=model.f)
     return loss
