@@ -1189,6 +1189,68 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
                       ledger.constant, ledger.points, ledger.scratch_points)
 
 
+class StepProfile:
+    """One step's memory at every micro-batch size, from two walks.
+
+    Every array of the step is a + b * batch bytes (activations grow with the
+    batch; parameters, the causal mask and scalars do not), and the walk is the
+    same for every batch size, so the bytes at each check are affine in the
+    batch: walks at 1 and 2 give them all, exactly. `at(b)` is walk_step at b;
+    `largest_batch(limit)` the largest micro-batch whose peak fits.
+    """
+
+    def __init__(self, one, two):
+        import numpy
+
+        p1, p2 = numpy.array(one.points, dtype=numpy.int64), numpy.array(two.points, dtype=numpy.int64)
+        s1, s2 = numpy.array(one.scratch_points, dtype=numpy.int64), numpy.array(two.scratch_points, dtype=numpy.int64)
+        self._points = (2 * p1 - p2, p2 - p1)  # per check: bytes by category at batch 0, and per example
+        self._scratch = (2 * s1 - s2, s2 - s1)
+        self._constant = (2 * one.constant_bytes - two.constant_bytes, two.constant_bytes - one.constant_bytes)
+        self.start = one.start
+
+    def at(self, batch_size):
+        """The StepMemory of a micro-batch of batch_size examples."""
+        points = self._points[0] + self._points[1] * batch_size
+        totals = points.sum(axis=1)
+        first = int(totals.argmax())  # memory.py keeps the first of equal peaks
+        constant = int(self._constant[0] + self._constant[1] * batch_size)
+        scratch = self._scratch[0] + self._scratch[1] * batch_size
+        device = max(int(totals[first]) + constant, int(scratch.max()) + constant if len(scratch) else 0)
+        return StepMemory(int(totals[first]), dict(zip(memory.CATEGORIES, map(int, points[first]))),
+                          dict(zip(memory.CATEGORIES, map(int, points.max(axis=0)))), dict(self.start), device, constant)
+
+    def largest_batch(self, limit, device=True):
+        """The largest micro-batch whose peak is at most `limit` bytes (0 if not even 1 fits).
+
+        device: judge by the device bound (StepMemory.device_peak_bytes), else
+        by memory.py's peak.
+        """
+        import numpy
+
+        c0, c1 = self._constant
+        rows = [(self._points[0].sum(axis=1) + (c0 if device else 0), self._points[1].sum(axis=1) + (c1 if device else 0))]
+        if device and len(self._scratch[0]):
+            rows.append((self._scratch[0] + c0, self._scratch[1] + c1))
+        best = None
+        for a, k in rows:  # a + k * batch <= limit at every check
+            if (a + k > limit).any() and not (k > 0).any():
+                return 0
+            if (a[k <= 0] > limit).any():
+                return 0
+            grow = k > 0
+            if grow.any():
+                most = int(((limit - a[grow]) // k[grow]).min())
+                best = most if best is None else min(best, most)
+        return max(0, best) if best is not None else 1 << 40
+
+
+def profile_step(config, seq_len, **kwargs):
+    """A StepProfile: walk_step at micro-batches 1 and 2 (kwargs as walk_step's, without batch_size)."""
+    return StepProfile(walk_step(config, 1, seq_len, record=True, **kwargs),
+                       walk_step(config, 2, seq_len, record=True, **kwargs))
+
+
 def _compute_loss(model, input_ids):
     logits = model.forward(input_ids)
     if _walk.device == "cpu":  # compute_loss's label checks: boolean arrays over the batch
