@@ -620,7 +620,14 @@ def run(args):
         fields.update({"bias": False} if args.no_bias else {})
         fields.update({"tie_weights": False} if args.no_tie_weights else {})
         model = args.model if not fields else {**GPT2[args.model].__dict__, **fields}
-        reserve, _ = device_memory_bytes(args.reserve) if args.reserve not in ("0", "") else (0, "")
+        reserve = 0
+        if args.reserve.strip() not in ("0", ""):
+            if args.reserve.strip().lower() in GPUS:
+                raise ValueError(f"--reserve {args.reserve!r}: give a size such as 2GiB, 500MB or bytes")
+            try:
+                reserve = device_memory_bytes(args.reserve)[0]
+            except ValueError:
+                raise ValueError(f"--reserve {args.reserve!r} is not a size such as 2GiB, 500MB or bytes") from None
         plan = plan_training(model, args.seq_len, args.effective_batch_size, args.memory, args.dtype,
                              args.mixed_precision, args.processes, reserve, args.device, args.nested_plans,
                              args.planner_layers)
