@@ -60,13 +60,16 @@ def trainer_for(config, batch, seq_len, dtype="float32", checkpointing=None, ste
 
 
 def measure_step(*args, **kwargs):
-    """(peak, its split, each category's highest) of one Trainer.train() step, as memory.py counts them."""
-    trainer = trainer_for(*args, **kwargs)
+    """(peak, its split, each category's highest) of one Trainer.train() step, as memory.py counts them,
+    less what lived before the model was made (arrays other tests may keep)."""
     gc.collect()
+    before = memory.current()
+    trainer = trainer_for(*args, **kwargs)
     with every_check() as highest:
         trainer.train()
     peak, split = memory.peak()
-    return peak, split, highest
+    return (peak - sum(before.values()), {c: split[c] - before[c] for c in split},
+            {c: highest[c] - before[c] for c in highest})
 
 
 def walk(config, batch, seq_len, dtype="float32", checkpointing=None, steps=1, accumulation_dtype=None,
