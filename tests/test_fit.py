@@ -8,6 +8,7 @@ size from two walks, the device bound) is checked against walking or
 measuring directly, and fit.py's table and command line against their contract.
 """
 
+import doctest
 import gc
 import time
 import tracemalloc
@@ -50,8 +51,8 @@ def trainer_for(config, batch, seq_len, dtype="float32", checkpointing=None, ste
     """A Trainer for one optimizer step of `steps` micro-batches of random tokens."""
     model = GPT(config, rng=numpy.random.default_rng(0), dtype=numpy.dtype(dtype))
     rng = numpy.random.default_rng(1)
-    data = [{"input_ids": rng.integers(0, config.vocab_size, seq_len), "labels": rng.integers(0, config.vocab_size, seq_len)}
-            for _ in range(batch * steps)]
+    data = [{"input_ids": rng.integers(0, config.vocab_size, seq_len),
+             "labels": rng.integers(0, config.vocab_size, seq_len)} for _ in range(batch * steps)]
     extra = {} if checkpointing is None else dict(gradient_checkpointing=True, gradient_checkpointing_kwargs=checkpointing)
     args = TrainingArguments(per_device_train_batch_size=batch, gradient_accumulation_steps=steps, max_steps=1,
                              disable_tqdm=True, logging_steps=0, optim=optim, accumulation_dtype=accumulation_dtype,
@@ -363,6 +364,11 @@ def test_fit_command_prints_the_table(capsys):
     for label in ("no checkpointing", "every block", "half blocks", "sqrt(n)", "selective", "planner"):
         assert label in out
     assert "Recommendation: gradient accumulation" in out and "TrainingArguments(" in out
+
+
+def test_the_module_docstring_s_example_runs():
+    results = doctest.testmod(fit, optionflags=doctest.ELLIPSIS)
+    assert results.attempted >= 4 and results.failed == 0
 
 
 def test_gpt2_xl_table_allocates_nothing_of_the_model_s_size():

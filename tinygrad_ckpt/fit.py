@@ -1,9 +1,12 @@
 """Will it fit? A GPT training step's memory on a given GPU, and what to do about it.
 
     >>> plan = plan_training("gpt2-medium", effective_batch_size=32, device_memory="a10")
-    >>> print(plan)                     # the table, and the recommendation
+    >>> plan.recommendation.verdict
+    'gradient accumulation'
     >>> plan.recommendation.training_arguments
-    'TrainingArguments(per_device_train_batch_size=..., gradient_accumulation_steps=...)'
+    'TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=16)'
+    >>> print(plan)                     # the table, and the recommendation  # doctest: +ELLIPSIS
+    Will it fit? gpt2-medium: 24 blocks, width 1024, 16 heads, ...
 
 For one GPT configuration (nn/transformer.py's GPTConfig, or a GPT-2 size by
 name), a sequence length, an effective batch, a dtype, a device memory and a
@@ -60,7 +63,7 @@ from dataclasses import dataclass, field
 from . import activations, policies, step_memory
 from .nn.transformer import GPTConfig
 from .saved import op_flops
-from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints, predict
+from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints
 
 # GPT-2's four sizes: n_layer, n_head and n_embd as nanoGPT's GPT.from_pretrained loads
 # Hugging Face's gpt2, gpt2-medium, gpt2-large and gpt2-xl; vocabulary and context as
@@ -311,8 +314,8 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     the planner recompute some blocks more than once (slower to plan and to
     walk). planner_layers: the planner may cut the chain every
     ceil(n_layer / planner_layers) blocks (every block up to 24 blocks, every
-    second for GPT-2 XL's 48): its search grows as the fourth power of the
-    number of places it may cut (schedules.plan_checkpoints).
+    second for GPT-2 XL's 48): schedules.plan_checkpoints' search grows
+    quickly with the number of places it may cut.
 
     Raises ValueError naming the field for bad input.
     """
@@ -325,7 +328,8 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     _positive_int("effective_batch_size", effective_batch_size)
     _positive_int("processes", processes)
     if effective_batch_size % processes:
-        raise ValueError(f"effective_batch_size ({effective_batch_size}) must be a multiple of processes ({processes}): "
+        raise ValueError(f"effective_batch_size ({effective_batch_size}) must be a multiple of processes "
+                         f"({processes}): "
                          "each process takes the same share")
     _positive_int("planner_layers", planner_layers)
     memory_bytes, label = device_memory_bytes(device_memory)
@@ -435,7 +439,6 @@ def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
                 found = Plan(segments, found.peak_bytes, found.recompute_seconds)
                 return _fixed(plan, label, dict(segments=segments), memory, largest, plan_b, ratio(found), found)
             budget -= excess
-    plan_b = 0
     return _fixed(plan, label, dict(segments=least_segments), profile.at(1), largest, 0,
                   1 + least.recompute_seconds / (3 * forward), Plan(least_segments, least.peak_bytes,
                                                                     least.recompute_seconds))
@@ -549,7 +552,8 @@ def render(plan):
     rec = plan.recommendation
     lines += ["", f"Recommendation: {rec.verdict} ({rec.reason})."]
     if rec.training_arguments:
-        lines.append(f"  {rec.training_arguments}" + (f", under mpiexec -n {plan.processes}" if plan.processes > 1 else ""))
+        under = f", under mpiexec -n {plan.processes}" if plan.processes > 1 else ""
+        lines.append(f"  {rec.training_arguments}{under}")
     lines += ["", "time: a step's FLOPs with the recomputation over a step's without (about three forwards); "
               "peaks are memory.py's count from the step_memory walk, exact for this engine "
               + ("(float32/float64)." if prec.runs_here else "at 2 bytes per element (an estimate).")]
@@ -574,13 +578,14 @@ FLAGS = {"seq_len": "--seq-len", "effective_batch_size": "--effective-batch-size
          "planner_layers": "--planner-layers", "block_size": "--block-size", "vocab_size": "--vocab-size",
          "n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "dropout": "--dropout",
          "device memory": "--memory", "model preset": "--model"}
+MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "dropout")  # GPTConfig fields with a flag
 
 
 def add_arguments(parser):
     model = parser.add_argument_group("model (a GPT-2 size, and any field changed)")
     model.add_argument("--model", default="gpt2", metavar="PRESET",
                        help=f"{', '.join(GPT2)} (default: %(default)s)")
-    for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
+    for name in MODEL_FLAGS[:-1]:
         model.add_argument(FLAGS[name], type=int, default=None, dest=name, help=f"{name} (default: the preset's)")
     model.add_argument("--dropout", type=float, default=None, help="dropout probability (default: the preset's, 0.1)")
     model.add_argument("--no-bias", action="store_true", help="no biases in Linear and LayerNorm layers")
@@ -589,7 +594,8 @@ def add_arguments(parser):
     run.add_argument("--seq-len", type=int, default=None, help="tokens per example (default: the block size)")
     run.add_argument("--effective-batch-size", type=int, default=8,
                      help="examples per optimizer step, all processes together (default: %(default)s)")
-    run.add_argument("--processes", type=int, default=1, help="data-parallel processes, one per GPU (default: %(default)s)")
+    run.add_argument("--processes", type=int, default=1,
+                     help="data-parallel processes, one per GPU (default: %(default)s)")
     run.add_argument("--dtype", default="float32", help="float32, float64, float16 or bfloat16 (default: %(default)s)")
     run.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=None,
                      help="for float16/bfloat16, required: float32 master weights and AdamW moments "
@@ -599,9 +605,11 @@ def add_arguments(parser):
                     help="a GPU (" + ", ".join(GPUS) + "), or a size: 24GiB, 16GB, bytes (default: %(default)s)")
     hw.add_argument("--reserve", default="0", metavar="SIZE",
                     help="memory to keep free: the CUDA context, the allocator's overheads (default: 0)")
-    hw.add_argument("--device", default="cuda", help="cuda (CuPy) or cpu (NumPy): where the arrays live (default: %(default)s)")
+    hw.add_argument("--device", default="cuda",
+                    help="cuda (CuPy) or cpu (NumPy): where the arrays live (default: %(default)s)")
     plan = parser.add_argument_group("planner")
-    plan.add_argument("--nested-plans", action="store_true", help="let the planner recompute some blocks more than once")
+    plan.add_argument("--nested-plans", action="store_true",
+                      help="let the planner recompute some blocks more than once")
     plan.add_argument("--planner-layers", type=int, default=24,
                       help="the planner cuts every ceil(n_layer / this) blocks (default: %(default)s)")
 
@@ -615,8 +623,7 @@ def run(args):
                              "(every array 16-bit)")
         if args.model not in GPT2:
             raise ValueError(f"unknown model preset {args.model!r}: use one of {', '.join(GPT2)}")
-        fields = {name: getattr(args, name) for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "dropout")
-                  if getattr(args, name) is not None}
+        fields = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
         fields.update({"bias": False} if args.no_bias else {})
         fields.update({"tie_weights": False} if args.no_tie_weights else {})
         model = args.model if not fields else {**GPT2[args.model].__dict__, **fields}

@@ -31,19 +31,28 @@ The walk mirrors, in small, each part of the engine it stands for:
     _Model                    nn/transformer.py's GPT, line by line
     _train_step               Trainer.compute_loss, backward, accumulate, the optimizer step
 
-The walk depends on how NumPy shares memory in three places, which it
-states: a slice and a transpose are views; reshaping heads back together,
-(B, nh, T, hs) -> (B, T, nh * hs) after a transpose, copies unless T, nh or
-hs is 1; everything an op computes is a new array. CuPy does the same.
+The walk depends on how NumPy shares memory, which it states where it does:
+a slice and a transpose are views; reshaping heads back together, (B, nh,
+T, hs) -> (B, T, nh * hs) after a transpose, copies unless T, nh or hs is 1;
+everything an op computes is a new array. CuPy's reshape follows the same
+rule (a view where the strides allow one, else a copy).
 
-What is not seen here, as memory.py does not see it: scratch arrays inside
-one op that never become a Tensor (a GELU's pieces, LayerNorm's xhat, the
-cross-entropy's exp, AdamW's temporaries, the embedding's dense (V, C)
-gradient that is added into a tied .grad). `op_scratch_bytes` bounds them, for
-an estimate of what a device allocator will see.
+Three things it adds to what memory.py measures:
 
-The walk costs a few microseconds per op: one step of GPT-2 XL (48 blocks)
-in tens of milliseconds.
+  * a device bound (StepMemory.device_peak_bytes): memory.py sees an array
+    once it becomes a Tensor or is saved. Each op also makes scratch arrays
+    it frees inside itself (a GELU's pieces, LayerNorm's xhat, the
+    cross-entropy's exp of the logits, AdamW's temporaries), and a backward
+    makes its gradients before it hands them on (one added into a tied
+    weight's .grad is never counted). Each op of the walk states these, from
+    its code in ops/, and the bound is the highest of memory.py's count plus
+    them. On the CPU it holds tracemalloc's peak, Python objects aside
+    (tests/test_fit.py); on a GPU an allocator adds its rounding and cache.
+  * copies: a run of identical blocks or segments is walked as three, and
+    the others counted as copies of the second (`_run_segments`), exactly;
+    so a step of GPT-2 XL's 48 blocks walks in tens of milliseconds.
+  * every batch size from two walks (`StepProfile`): every array is
+    a + b * batch bytes, so the bytes at each check are affine in the batch.
 
 What does not live here: the saved-activation formulas (activations.py), the
 strategies and the table a user reads (fit.py), the measuring (memory.py).
@@ -52,6 +61,8 @@ strategies and the table a user reads (fit.py), the measuring (memory.py).
 import math
 import weakref
 from dataclasses import dataclass, field
+
+import numpy
 
 from . import memory, policies
 from .schedules import Plan, segment_bounds
@@ -294,7 +305,8 @@ class _Tape:
             # The new gradient arrays exist now, with the saved ones and the op's scratch: memory.py
             # sees each only once it is delivered (and a copy, a sum or an added one never).
             ledger = _walk.ledger
-            made = {id(g): g.nbytes for g in in_grads if g is not None and g.base is None and id(g) not in ledger.buffers}
+            made = {id(g): g.nbytes for g in in_grads
+                    if g is not None and g.base is None and id(g) not in ledger.buffers}
             unseen = sum(made.values())
             ledger.scratch(unseen + node.op.scratch_backward(node.ctx))
             node.ctx.free()
@@ -1200,8 +1212,6 @@ class StepProfile:
     """
 
     def __init__(self, one, two):
-        import numpy
-
         p1, p2 = numpy.array(one.points, dtype=numpy.int64), numpy.array(two.points, dtype=numpy.int64)
         s1, s2 = numpy.array(one.scratch_points, dtype=numpy.int64), numpy.array(two.scratch_points, dtype=numpy.int64)
         self._points = (2 * p1 - p2, p2 - p1)  # per check: bytes by category at batch 0, and per example
@@ -1217,8 +1227,9 @@ class StepProfile:
         constant = int(self._constant[0] + self._constant[1] * batch_size)
         scratch = self._scratch[0] + self._scratch[1] * batch_size
         device = max(int(totals[first]) + constant, int(scratch.max()) + constant if len(scratch) else 0)
-        return StepMemory(int(totals[first]), dict(zip(memory.CATEGORIES, map(int, points[first]))),
-                          dict(zip(memory.CATEGORIES, map(int, points.max(axis=0)))), dict(self.start), device, constant)
+        split = dict(zip(memory.CATEGORIES, map(int, points[first])))
+        highest = dict(zip(memory.CATEGORIES, map(int, points.max(axis=0))))
+        return StepMemory(int(totals[first]), split, highest, dict(self.start), device, constant)
 
     def largest_batch(self, limit, device=True):
         """The largest micro-batch whose peak is at most `limit` bytes (0 if not even 1 fits).
@@ -1226,10 +1237,10 @@ class StepProfile:
         device: judge by the device bound (StepMemory.device_peak_bytes), else
         by memory.py's peak.
         """
-        import numpy
-
         c0, c1 = self._constant
-        rows = [(self._points[0].sum(axis=1) + (c0 if device else 0), self._points[1].sum(axis=1) + (c1 if device else 0))]
+        if not device:
+            c0 = c1 = 0
+        rows = [(self._points[0].sum(axis=1) + c0, self._points[1].sum(axis=1) + c1)]
         if device and len(self._scratch[0]):
             rows.append((self._scratch[0] + c0, self._scratch[1] + c1))
         best = None
@@ -1258,23 +1269,3 @@ def _compute_loss(model, input_ids):
     flat = _apply(_Reshape, logits)  # (B*T, V), a view
     loss = _apply(_CrossEntropy, flat, n_rows=model.B * model.T, itemsize=model.f)
     return loss
-
-
-def op_scratch_bytes(config, batch_size, seq_len, itemsize=4):
-    """An upper bound on the arrays one op makes and frees inside itself (memory.py does not see them).
-
-    The largest such working set in a step of this GPT, from the ops' code:
-    cross-entropy's forward holds the logits' exp and its backward's grad
-    computation the (B*T, V) softmax (one (B*T, V) array); the embedding's
-    backward a dense (V, C) gradient added into the tied weight's .grad; a
-    softmax backward's product g * out (one attention-score array); the
-    optimizer's temporaries (AdamW: about three arrays the size of the largest
-    parameter). The bound is the largest of these; a device allocator sees
-    it on top of memory.py's peak only if it falls at the same moment, so
-    `peak + scratch` is an upper bound of what the device needs beyond its
-    allocator's own overheads.
-    """
-    B, T, C, V, nh = batch_size, seq_len, config.n_embd, config.vocab_size, config.n_head
-    f = itemsize
-    largest_param = max(V * C, 4 * C * C, config.block_size * C) * f
-    return max(B * T * V * f, V * C * f, B * nh * T * T * f, 4 * B * T * C * f, 3 * largest_param)
