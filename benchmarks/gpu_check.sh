@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh OUTDIR: the engine on a real GPU, in one go, in under 5 minutes.
+# gpu_check.sh OUTDIR: the engine on a real GPU, in one go, in about 6 minutes.
 #
 #   1. the test suite's CuPy runs: every engine test with device 'cuda' = CuPy
 #      (the [cupy] ids; conftest.py adds them when a GPU is present), plus
@@ -7,11 +7,15 @@
 #      tiny GPT, with and without checkpointing; engine memory vs CuPy's pool);
 #   2. the reference workloads W1 and W2 on the GPU (benchmarks/gpu_workloads.py):
 #      peak memory by strategy (engine categories and CuPy's pool), step-time
-#      ratios to no checkpointing, absolute times with the GPU named.
+#      ratios to no checkpointing, absolute times with the GPU named;
+#   3. `tinygrad-ckpt fit` against the GPU (benchmarks/gpu_fit_check.py): a
+#      GPT-2-small-sized Trainer step per strategy of fit's table, the walk's
+#      predicted peak against memory.py's (equal, or it fails), its device
+#      bound against CuPy's pool peak, and cudaMemGetInfo before and after.
 #
 # Writes into OUTDIR: gpu_check.log (everything printed), env.txt (machine,
-# driver, versions), pytest.xml (JUnit), workloads.json, results.json (a
-# summary: test counts, exit codes, where the figures are).
+# driver, versions), pytest.xml (JUnit), workloads.json, fit_check.json,
+# results.json (a summary: test counts, exit codes, where the figures are).
 #
 # How to run, from the repository root, on a machine with an NVIDIA GPU:
 #     bash benchmarks/gpu_check.sh /tmp/gpu_results
@@ -22,9 +26,10 @@
 # installed from it alone (pip --no-index) into a temporary folder first.
 # The package itself is used from this checkout (PYTHONPATH), not installed.
 #
-# Without a GPU it says so, runs the workload script's dry path on the CPU
-# stand-in (to show the script works), and exits with status 3: no figures.
-# Exit status: 0 all passed, 1 tests failed, 2 workloads failed, 3 no GPU.
+# Without a GPU it says so, runs the two scripts' dry paths on the CPU
+# stand-in (to show they work), and exits with status 3: no figures.
+# Exit status: 0 all passed, 1 tests failed, 2 workloads or the fit check
+# failed, 3 no GPU.
 set -uo pipefail
 
 if [ $# -ne 1 ]; then
@@ -60,10 +65,11 @@ fi
 } >"$OUT/env.txt"
 cat "$OUT/env.txt"
 
-summary() {  # summary TESTS_STATUS WORKLOADS_STATUS GPU(yes/no)
-    $PY - "$OUT" "$1" "$2" "$3" "$(($(date +%s) - start))" <<'EOF'
+summary() {  # summary TESTS_STATUS WORKLOADS_STATUS FIT_STATUS GPU(yes/no)
+    $PY - "$OUT" "$1" "$2" "$3" "$4" "$(($(date +%s) - start))" <<'EOF'
 import json, os, sys, tempfile, xml.etree.ElementTree as ET
-out, tests_rc, work_rc, gpu, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "yes", int(sys.argv[5])
+out, tests_rc, work_rc, fit_rc, gpu, seconds = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                                                sys.argv[5] == "yes", int(sys.argv[6]))
 counts = None
 if os.path.exists(os.path.join(out, "pytest.xml")):
     root = ET.parse(os.path.join(out, "pytest.xml")).getroot()
@@ -71,6 +77,8 @@ if os.path.exists(os.path.join(out, "pytest.xml")):
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 result = {"gpu": gpu, "tests_exit_code": tests_rc, "tests": counts, "workloads_exit_code": work_rc,
           "workloads": next((p for p in ("workloads.json", "dry_run/workloads.json") if os.path.exists(os.path.join(out, p))), None),
+          "fit_check_exit_code": fit_rc,
+          "fit_check": next((p for p in ("fit_check.json", "dry_run/fit_check.json") if os.path.exists(os.path.join(out, p))), None),
           "seconds": seconds, "figures_measured": gpu and work_rc == 0}
 fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
 with os.fdopen(fd, "w") as f:
@@ -86,7 +94,9 @@ if ! reason=$($PY -c 'from tinygrad_ckpt import backend; backend.module_for("cud
     echo "$reason" | tail -1
     echo "== dry run of the workload script on the CPU stand-in (checks the script, not a GPU)"
     timeout 120 $PY benchmarks/gpu_workloads.py --device strict --quick --repeats 2 --out "$OUT/dry_run"
-    summary -1 $? no
+    work_rc=$?
+    timeout 60 $PY benchmarks/gpu_fit_check.py --device strict --quick --out "$OUT/dry_run"
+    summary -1 $work_rc $? no
     exit 3
 fi
 
@@ -100,8 +110,13 @@ timeout 100 $PY benchmarks/gpu_workloads.py --device cuda --out "$OUT"
 work_rc=$?
 echo "workloads exit status: $work_rc"
 
+echo "== 3. fit's predictions against a GPT-2-small-sized step on the GPU"
+timeout 120 $PY benchmarks/gpu_fit_check.py --device cuda --out "$OUT"
+fit_rc=$?
+echo "fit check exit status: $fit_rc"
+
 echo "== done in $(($(date +%s) - start)) s"
-summary $tests_rc $work_rc yes
+summary $tests_rc $work_rc $fit_rc yes
 if [ $tests_rc -ne 0 ]; then exit 1; fi
-if [ $work_rc -ne 0 ]; then exit 2; fi
+if [ $work_rc -ne 0 ] || [ $fit_rc -ne 0 ]; then exit 2; fi
 exit 0

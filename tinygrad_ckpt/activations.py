@@ -7,8 +7,9 @@ the benchmarks print them beside the measured figures.
 
 Names, as in Korthikanti et al. (2022), "Reducing Activation Recomputation
 in Large Transformer Models": s sequence length, b batch, h hidden width
-(d_model), a attention heads. Every float array here is float32 (4 bytes);
-dropout masks and the causal mask are bool (1 byte per element).
+(d_model), a attention heads. Every float array here is float32 (4 bytes;
+the GPT's formulas take `itemsize=8` for float64); dropout masks and the
+causal mask are bool (1 byte per element), token ids and positions int64.
 
 The transformer block, with dropout (what Korthikanti et al. count as
 sbh(34 + 5as/h) for 16-bit activations) is, on this engine in float32,
@@ -26,7 +27,8 @@ teaches and the tests check against memory.py's count; the bench only
 prints them beside its measurements.
 
 What does not live here: measuring (memory.py, saved.py), the cost model a
-checkpoint planner uses for measured layers (schedules.py).
+checkpoint planner uses for measured layers (schedules.py), the rest of a
+training step's memory (step_memory.py).
 """
 
 from .schedules import LayerCost, walk  # the one cost model: formulas in, bytes out
@@ -60,7 +62,7 @@ def mlp(n_layers, b, h):
 
 
 # -- W2: the GPT block -------------------------------------------------------------
-def gpt_block(s, b, h, a, dropout=True):
+def gpt_block(s, b, h, a, dropout=True, itemsize=F32):
     """Bytes one pre-LayerNorm transformer block saves for backward (see the module docstring).
 
     Per op, in forward order (nn/transformer.py), bytes:
@@ -87,24 +89,24 @@ def gpt_block(s, b, h, a, dropout=True):
         dropout            its mask                    sbh         (dropout)
         + (Add)            nothing
     """
-    return gpt_attention_sublayer(s, b, h, a, dropout) + gpt_feed_forward_sublayer(s, b, h, dropout)
+    return gpt_attention_sublayer(s, b, h, a, dropout, itemsize) + gpt_feed_forward_sublayer(s, b, h, dropout, itemsize)
 
 
-def gpt_attention_sublayer(s, b, h, a, dropout=True):
+def gpt_attention_sublayer(s, b, h, a, dropout=True, itemsize=F32):
     """The block's first half, x + attn(ln_1(x)): ln_1 down to resid_dropout above."""
-    sbh, as2b = s * b * h, a * s * s * b
-    layer_norm = F32 * sbh + 2 * F32 * s * b
-    attention = F32 * sbh + 3 * F32 * sbh + F32 + BOOL * s * s + F32 * as2b + F32 * sbh
+    f, sbh, as2b = itemsize, s * b * h, a * s * s * b
+    layer_norm = f * sbh + 2 * f * s * b
+    attention = f * sbh + 3 * f * sbh + f + BOOL * s * s + f * as2b + f * sbh
     if dropout:
-        attention += BOOL * as2b + F32 * as2b + BOOL * sbh
+        attention += BOOL * as2b + f * as2b + BOOL * sbh
     return layer_norm + attention
 
 
-def gpt_feed_forward_sublayer(s, b, h, dropout=True):
+def gpt_feed_forward_sublayer(s, b, h, dropout=True, itemsize=F32):
     """The block's second half, x + mlp(ln_2(x)): ln_2 down to the last dropout above."""
-    sbh = s * b * h
-    layer_norm = F32 * sbh + 2 * F32 * s * b
-    feed_forward = F32 * sbh + 4 * F32 * sbh + 4 * F32 * sbh
+    f, sbh = itemsize, s * b * h
+    layer_norm = f * sbh + 2 * f * s * b
+    feed_forward = f * sbh + 4 * f * sbh + 4 * f * sbh
     if dropout:
         feed_forward += BOOL * sbh
     return layer_norm + feed_forward
@@ -125,44 +127,72 @@ def gpt_embedding(s, b, h, dropout=True):
     return INT64 * s * b + INT64 * s + (BOOL * s * b * h if dropout else 0)
 
 
-def gpt_head(s, b, h, vocab):
+def gpt_head(s, b, h, vocab, itemsize=F32):
     """Bytes saved after the blocks: ln_f, lm_head's input, and cross-entropy.
 
         ln_f            input 4sbh, mean and rstd 8sb
         lm_head         its input 4sbh (the tied weight is a parameter)
         cross_entropy   log-probabilities 4sb*vocab, clamped targets 8sb, valid mask sb
     """
-    return F32 * s * b * h + 2 * F32 * s * b + F32 * s * b * h + F32 * s * b * vocab + INT64 * s * b + BOOL * s * b
+    f = itemsize
+    return f * s * b * h + 2 * f * s * b + f * s * b * h + f * s * b * vocab + INT64 * s * b + BOOL * s * b
 
 
-def gpt(n_layer, s, b, h, a, vocab, dropout=True):
+def gpt(n_layer, s, b, h, a, vocab, dropout=True, itemsize=F32):
     """Bytes the whole W2 model saves for backward (no checkpointing)."""
-    return gpt_embedding(s, b, h, dropout) + n_layer * gpt_block(s, b, h, a, dropout) + gpt_head(s, b, h, vocab)
+    return (gpt_embedding(s, b, h, dropout) + n_layer * gpt_block(s, b, h, a, dropout, itemsize)
+            + gpt_head(s, b, h, vocab, itemsize))
 
 
-def selective_kept(s, b, h):
+def gpt_chain(n_layer, s, b, h, a, dropout=True, split_blocks=False, selective=False, itemsize=F32):
+    """(inputs, held) per layer of the chain a checkpointed GPT runs, for chain_peak and a planner.
+
+    The chain is GPT.checkpoint_chain(): the blocks, or (split_blocks) their
+    halves. inputs[i]: what a checkpoint starting at layer i saves, its input
+    (B, T, C), and with the selective policy also its Linear outputs (kept
+    from the forward); held[i]: what layer i holds when run normally, with the
+    selective policy also the c_proj output its replay holds until its
+    backward ends. With the selective policy this holds for segments of one
+    layer each ('every'): a longer segment keeps all its layers' Linear
+    outputs from its start, which a per-layer cost cannot say
+    (step_memory.walk_step walks any plan).
+    """
+    x = itemsize * s * b * h
+    if split_blocks:
+        held = [gpt_attention_sublayer(s, b, h, a, dropout, itemsize),
+                gpt_feed_forward_sublayer(s, b, h, dropout, itemsize)]
+        kept, extra = selective_kept_sublayers(s, b, h, itemsize), selective_extra(s, b, h, itemsize) // 2
+    else:
+        held = [gpt_block(s, b, h, a, dropout, itemsize)]
+        kept, extra = [selective_kept(s, b, h, itemsize)], selective_extra(s, b, h, itemsize)
+    n, k = n_layer * len(held), len(held)
+    inputs = [x + (kept[i % k] if selective else 0) for i in range(n)]
+    return inputs, [held[i % k] + (extra if selective else 0) for i in range(n)]
+
+
+def selective_kept(s, b, h, itemsize=F32):
     """Bytes policies.selective_attention keeps per checkpointed block: the Linear outputs.
 
         qkv 12sbh + attention c_proj 4sbh + c_fc 16sbh + feed-forward c_proj 4sbh = 36sbh
     (the Linears' inputs are the segment's own arrays, and their weights parameters,
     so nothing else is kept). They wait, with the block's input, for backward.
     """
-    return sum(selective_kept_sublayers(s, b, h))
+    return sum(selective_kept_sublayers(s, b, h, itemsize))
 
 
-def selective_kept_sublayers(s, b, h):
+def selective_kept_sublayers(s, b, h, itemsize=F32):
     """The same, per half of a block: (attention: qkv + c_proj 16sbh, feed-forward: c_fc + c_proj 20sbh)."""
-    return 4 * F32 * s * b * h, 5 * F32 * s * b * h
+    return 4 * itemsize * s * b * h, 5 * itemsize * s * b * h
 
 
-def selective_extra(s, b, h):
+def selective_extra(s, b, h, itemsize=F32):
     """Bytes a selectively recomputed block holds beyond a plain one: the two c_proj outputs.
 
     A plain block saves neither (dropout keeps a mask, the residual add
     nothing); the replay holds them, 4sbh each, until the block's backward ends
     (with split blocks, each half holds its own one until its backward ends).
     """
-    return 2 * F32 * s * b * h
+    return 2 * itemsize * s * b * h
 
 
 # -- a checkpointed chain ------------------------------------------------------------

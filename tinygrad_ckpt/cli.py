@@ -1,4 +1,4 @@
-"""The command line: `tinygrad-ckpt train ...` (also `python -m tinygrad_ckpt train ...`).
+"""The command line: `tinygrad-ckpt train ...` (also `python -m tinygrad_ckpt train ...`), `bench`, `fit`.
 
     tinygrad-ckpt train                                   # a small GPT on the embedded plays, ~1 minute
     tinygrad-ckpt train --per-device-train-batch-size 4 --gradient-accumulation-steps 8
@@ -37,7 +37,7 @@ from dataclasses import MISSING, fields
 
 import numpy
 
-from . import backend, bench, memory, random
+from . import backend, bench, fit, memory, random
 from .data import load_char_datasets
 from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
@@ -254,7 +254,12 @@ def build_parser():
                                        description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(bench_parser)
     bench_parser.set_defaults(run=bench.run)
-    parser.subcommands = {"train": train, "bench": bench_parser}
+    fit_parser = commands.add_parser("fit", help="will a GPT's training step fit on a GPU? per strategy, and what to do",
+                                     description=fit.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    fit.add_arguments(fit_parser)
+    fit_parser.set_defaults(run=fit.run)
+    parser.subcommands = {"train": train, "bench": bench_parser, "fit": fit_parser}
     for subcommand in parser.subcommands.values():
         subcommand.add_argument("--debug", action="store_true",
                                 help="show the full traceback of an error, not only its one-line message")
