@@ -94,6 +94,9 @@ def add_train_arguments(parser):
                    help="continue from CHECKPOINT (default: OUTPUT_DIR/checkpoint.npz)")
     t.add_argument("--seed", type=int, default=0, help="model init, data order and dropout (default: %(default)s)")
     t.add_argument("--disable-tqdm", action="store_true", help="no live progress line")
+    t.add_argument("--memory-report", metavar="FILE", default=None,
+                   help="record the first optimizer step (all its micro-batches) and write the memory explorer page "
+                        "there, one self-contained HTML file (needs Plotly: pip install 'tinygrad_ckpt[report]')")
 
     out = parser.add_argument_group("after training")
     out.add_argument("--sample-chars", type=int, default=300, help="characters to sample at the end; 0: none (default: %(default)s)")

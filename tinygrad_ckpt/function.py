@@ -96,9 +96,17 @@ class Function:
         outs = [backend.as_array(o) for o in outs]
         # device=: outputs stay where the op ran, whatever the default device is
         tensors = tuple(Tensor(o, requires_grad=requires_grad, device=backend.device_of(o)) for o in outs)
+        node = None
         if requires_grad:
-            active.append(tape.Node(cls, ctx, inputs, tensors))
-        memory.tracker.event(op, inputs=arrays, outputs=outs)
+            node = tape.Node(cls, ctx, inputs, tensors)
+            active.append(node)
+        if memory.tracker.events is None:
+            pass  # no timeline is being recorded
+        elif node is not None and node.index >= 0:  # on a tape (a checkpointed segment's forward keeps none)
+            memory.tracker.event(op, inputs=arrays, outputs=outs, tape=node.tape.number, record=node.index,
+                                 saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
+        else:
+            memory.tracker.event(op, inputs=arrays, outputs=outs)
         return tensors if isinstance(out, tuple) else tensors[0]
 
 

@@ -31,6 +31,8 @@ optimizers (optim.py), the file format (serialization.py), the data set
 (data.py), the command line (cli.py), MPI (distributed.py).
 """
 
+import contextlib
+import importlib.util
 import math
 import sys
 import time
@@ -80,6 +82,7 @@ class TrainingArguments:
     optim: str = "adamw"  # 'adamw' or 'sgd'
     accumulation_dtype: str = None  # dtype of the accumulation buffers (e.g. 'float64'); None: the parameters'
     disable_tqdm: bool = False  # True: no live progress line (log lines are still printed)
+    memory_report: str = None  # write the memory explorer page (HTML) of the run's first optimizer step here
 
     def __post_init__(self):
         def positive_int(name, minimum=1, hint=""):
@@ -294,6 +297,7 @@ class Trainer:
         memory.reset_peak()
         self.model.train()
         acc.zero_grad()
+        report = _StepReport(args.memory_report) if args.memory_report and self.is_main_process else None
         while state.global_step < total:
             order = epoch_order(len(self.train_dataset), args.seed, state.epoch)
             n_micro = self.micro_batches_per_epoch
@@ -301,6 +305,8 @@ class Trainer:
                 indices, items = order[m * B : (m + 1) * B], 0
                 if self.distributed is not None:  # this process's share; at an epoch's end it may be empty
                     indices = self.distributed.shard(indices)
+                if report is not None:
+                    report.start()  # at the first micro-batch of this run's first optimizer step
                 if len(indices):
                     batch = self._micro_batch(indices, self.train_dataset)
                     loss, items = self.compute_loss(batch)  # forward ...
@@ -315,6 +321,9 @@ class Trainer:
                 lr = get_learning_rate(state.global_step, args, total)
                 grad_norm = self._optimizer_step(lr, step)
                 state.global_step += 1
+                if report is not None:
+                    progress.write(report.finish(f"optimizer step {state.global_step}"))
+                    report = None
                 state.micro_step = m + 1
                 if state.micro_step == n_micro:  # the epoch is done
                     state.epoch, state.micro_step = state.epoch + 1, 0
@@ -494,6 +503,35 @@ def format_log(entry, total_steps):
     if "memory" in entry:
         parts.append(f"mem {memory.format_bytes(entry['memory'])} (peak {memory.format_bytes(entry['peak_memory'])})")
     return " | ".join(parts)
+
+
+class _StepReport:
+    """args.memory_report: one optimizer step, all its micro-batches, recorded (memory.timeline) and written as a page.
+
+    Started at the step's first micro-batch, finished after its update; the
+    page is memory.Timeline.to_html's (Plotly: the `report` extra). If
+    training fails in between, the timeline stops with this object.
+    """
+
+    def __init__(self, path):
+        if importlib.util.find_spec("plotly") is None:
+            raise ImportError(f"memory_report={path!r} needs Plotly for the page: pip install 'tinygrad_ckpt[report]'")
+        self.path, self.recording = path, None
+
+    def start(self):
+        if self.recording is None:
+            self.before = memory.current()
+            self.recording = contextlib.ExitStack()
+            self.events = self.recording.enter_context(memory.timeline())
+
+    def finish(self, name):
+        """Stop recording, write the page; returns the line to print."""
+        self.recording.close()
+        timeline = memory.Timeline(self.events, name=name, before=self.before)
+        timeline.to_html(self.path)
+        i, peak = timeline.peak()
+        return (f"memory report: {self.path} ({name}: {len(timeline)} events, peak {memory.format_bytes(peak)} "
+                f"at {timeline.events[i]['op']}, {timeline.events[i]['phase']})")
 
 
 class _Progress:
