@@ -169,13 +169,13 @@ def embedded(path):
 
 
 @pytest.fixture(scope="module")
-def tiny_bench(tmp_path_factory):
+def tiny_bench(tiny_bench_run):
+    """The tiny set's output folder and bench.json (one run for this file and test_bench.py: tests/conftest.py)."""
     if not HAVE_PLOTLY:
         pytest.skip("Plotly is not installed (pip install 'tinygrad_ckpt[report]'): no page to check")
-    out = tmp_path_factory.mktemp("explorer")
-    assert cli.main(["bench", "--tiny", "--repeats", "1", "--output-dir", str(out)]) == 0
-    with open(out / "bench.json") as f:
-        return out, json.load(f)
+    code, out, results = tiny_bench_run
+    assert code == 0
+    return out, results
 
 
 def test_the_page_holds_the_bench_numbers_to_the_byte(tiny_bench):
@@ -361,7 +361,7 @@ class Visit:
         """Where on the screen event i of the drawn strategy's total is."""
         js = self.chart(section)
         self.page.locator(f"#{section}").scroll_into_view_if_needed()
-        x, y = self.page.evaluate(f"""() => {{ const gd = {js}, l = gd._fullLayout, t = gd.data[gd.data.length - 1];
+        x, y = self.page.evaluate(f"""() => {{ const gd = {js}, l = gd._fullLayout, t = gd.data.find(t => t.name === 'total');
             const r = gd.getBoundingClientRect();
             return [r.left + l.xaxis._offset + l.xaxis.l2p({i}), r.top + l.yaxis._offset + l.yaxis.l2p(t.y[{i}])]; }}""")
         return x, y

@@ -34,6 +34,7 @@ optimizers (optim.py), the file format (serialization.py), the data set
 import contextlib
 import importlib.util
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, is_dataclass
@@ -530,8 +531,8 @@ class _StepReport:
         timeline = memory.Timeline(self.events, name=name, before=self.before)
         timeline.to_html(self.path)
         i, peak = timeline.peak()
-        return (f"memory report: {self.path} ({name}: {len(timeline)} events, peak {memory.format_bytes(peak)} "
-                f"at {timeline.events[i]['op']}, {timeline.events[i]['phase']})")
+        return (f"memory report: {self.path} ({os.path.getsize(self.path) / 2**20:.1f} MiB; {name}: {len(timeline)} events, "
+                f"peak {memory.format_bytes(peak)} at {timeline.events[i]['op']}, {timeline.events[i]['phase']})")
 
 
 class _Progress:

@@ -305,7 +305,7 @@ def _hover(events, i, n, totals, records):
             where = f"record #{r['number']}" + (f", {r['where']}" if r["where"] else "")
     lines = []
     if e["kind"] == "op":
-        lines.append(f"<b>{html.escape(e['op'])}</b>  {e['phase']}" + (f" · {where}" if where else " · not on a tape"))
+        lines.append(f"<b>{html.escape(e['op'])}</b>  {e['phase']}" + (f" · {where}" if where else " · not on a tape: it keeps nothing for backward"))
         if "input_shapes" in e:
             lines.append("in " + ", ".join(_shape(s) for s in e["input_shapes"]) + " → out "
                          + ", ".join(_shape(s) for s in e["output_shapes"]))
@@ -531,7 +531,7 @@ _GLUE = """
       if (state.row >= 0) {
         var span = step.rows[state.row];
         all.push({type: "rect", name: "selected record", xref: "x", yref: "paper", x0: span[0], x1: span[1] + 1,
-                  y0: 0, y1: 1, layer: "above", fillcolor: "rgba(255, 221, 87, 0.16)", line: {color: "#b8860b", width: 2.5}});
+                  y0: 0, y1: 1, layer: "above", fillcolor: "rgba(255, 221, 87, 0.10)", line: {color: "#b8860b", width: 2.5}});
       }
       return all;
     }

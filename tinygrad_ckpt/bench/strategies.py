@@ -60,7 +60,7 @@ class BenchConfig:
     tradeoff_w1_depth: int  # trade-off curves: budget plans over tradeoff_fractions
     tradeoff_w2_blocks: int
     tradeoff_fractions: tuple
-    timeline_w1_depth: int  # which sizes get a memory-timeline plot
+    timeline_w1_depth: int  # which sizes get a memory timeline (the plots, the explorer page)
     timeline_w2_blocks: int
     repeats: int = 5  # timed steps per row (median), after one warm-up step
 
@@ -68,7 +68,7 @@ class BenchConfig:
 FULL = BenchConfig(
     sizes=workloads.FULL, budgets=(0.5, 0.25),
     tradeoff_w1_depth=32, tradeoff_w2_blocks=8, tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2),
-    timeline_w1_depth=16, timeline_w2_blocks=4,
+    timeline_w1_depth=64, timeline_w2_blocks=8,  # the largest: the explorer page shows them event by event
 )
 QUICK = BenchConfig(
     sizes=workloads.QUICK, budgets=(0.5, 0.25),
