@@ -30,7 +30,8 @@ draw: `.plot()` with matplotlib, `.to_html(path)` as the memory explorer page.
 An event is a dict:
 
     op, phase          the op's class name ("Linear"), or a moment that is not
-                       an op ("accumulate", "AdamW.step"); "forward", "backward",
+                       an op ("GradientAccumulator.accumulate", "AdamW.step");
+                       "forward", "backward",
                        "recompute" (a checkpointed segment's second forward and
                        its backward) or "update" (the optimizer and the
                        accumulation buffers, between the ops)
@@ -40,7 +41,10 @@ An event is a dict:
     parameters, ...    live bytes of each category after the event (CATEGORIES)
     allocated, freed   bytes of the buffers that became known / were freed
                        since the previous event, by category: {"other": 1024};
-                       a freed buffer counts under the category it had last
+                       a freed buffer counts under the category it had last,
+                       one made and freed in between counts in both. Their
+                       difference is the change of the live total (a buffer
+                       that changes category moves bytes, it is not counted)
     tape, record       for an op put on a tape, and for that record's backward:
                        the tape's number and the record's index on it (see
                        tape.Tape), which name one record within a timeline

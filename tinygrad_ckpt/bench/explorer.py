@@ -58,7 +58,6 @@ from .report import write_text
 
 MIB = 2**20
 MAX_DRAWN = 1500  # points drawn per stacked category; the hover keeps every event
-PHASE_NAMES = {"forward": "forward", "backward": "backward", "recompute": "recompute", "update": "update"}
 
 
 # -- the pages ----------------------------------------------------------------------------
@@ -206,7 +205,7 @@ def _phase_bands(events):
             phase = events[start]["phase"]
             bands.append(dict(type="rect", xref="x", yref="paper", x0=start, x1=i, y0=0, y1=1, layer="below",
                               fillcolor=PHASES.get(phase, "#eeeeee"), opacity=0.6, line=dict(width=0),
-                              name=PHASE_NAMES.get(phase, phase), showlegend=phase not in seen))
+                              name=phase, showlegend=phase not in seen))
             seen.add(phase)
             start = i
     return bands
@@ -349,7 +348,7 @@ def _tradeoff_chart(results, curve, i):
     if plans and base.get("step_seconds"):
         traces.append(go.Scatter(
             x=[r["step_seconds"] / base["step_seconds"] for r in plans], y=[r["activation_peak_bytes"] / MIB for r in plans],
-            mode="lines+markers+text", name="budget plans (measured)", line=dict(color="#222222"),
+            mode="lines+markers+text", name="budget plans (measured)", line=dict(color="#222222"), cliponaxis=False,
             text=[r["strategy"].replace("budget ", "") for r in plans], textposition="top right",
             customdata=[[html.escape(r.get("plan", "")), format_bytes(r["activation_peak_bytes"]),
                          format_bytes(r.get("planner_predicted_bytes", 0))] for r in plans],
@@ -381,11 +380,10 @@ def _tradeoff_chart(results, curve, i):
 # -- the page ----------------------------------------------------------------------------------------
 def _page(title, intro, sections, charts, tables, results):
     data = {"timelines": [d for _, d in sections], "charts": charts, "results": results}
-    nav = "".join(f"<a href='#{d['id']}'>{html.escape(d['id'].split('-', 1)[1].upper())}</a>" for _, d in sections)
-    if charts:
-        nav += "<a href='#tradeoff'>planner</a>"
-    if tables:
-        nav += "<a href='#tables'>tables</a>"
+    nav = ""
+    if charts or tables:  # a page of several parts: links to each
+        nav = "".join(f"<a href='#{d['id']}'>{html.escape(d['id'].split('-', 1)[1].upper())}</a>" for _, d in sections)
+        nav += ("<a href='#tradeoff'>planner</a>" if charts else "") + ("<a href='#tables'>tables</a>" if tables else "")
     legend = "".join(f"<span class='swatch' style='background:{COLOURS[c]}'></span>{c} " for c in STACK)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -431,8 +429,8 @@ def markdown_html(text):
             cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table if not set(line) <= set("|-: ")]
             head, body = cells[0], cells[1:]
             out.append("<div class='table'><table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head)
-                       + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                                                          for row in body) + "</tbody></table></div>")
+                       + "</tr></thead><tbody>" + "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in body)
+                       + "</tbody></table></div>")
             table.clear()
 
     for line in text.splitlines():
@@ -452,6 +450,12 @@ def markdown_html(text):
             paragraph.append(line.strip())
     flush()
     return "\n".join(out)
+
+
+def _cell(text):
+    """A table cell: numbers right-aligned, words left."""
+    numeric = text.replace(".", "", 1).replace("e-", "", 1).replace("e+", "", 1).lstrip("+-").rstrip("%").isdigit()
+    return f"<td class='num'>{html.escape(text)}</td>" if numeric or text == "—" else f"<td>{html.escape(text)}</td>"
 
 
 def _number(x):
@@ -490,9 +494,9 @@ h2 { font-size: 1.2rem; margin: 28px 0 6px; border-bottom: 1px solid #ddd; paddi
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(480px, 1fr)); gap: 16px; }
 .table { overflow-x: auto; }
 #tables table { border-collapse: collapse; font-size: 0.82rem; margin: 6px 0 16px; }
-#tables th, #tables td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
+#tables th, #tables td { border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }
 #tables th { background: #f6f8fa; }
-#tables td:nth-child(2), #tables td:first-child { text-align: left; }
+#tables td.num { text-align: right; font-variant-numeric: tabular-nums; }
 footer { color: #888; font-size: 0.8rem; margin-top: 30px; }
 """
 
