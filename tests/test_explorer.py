@@ -381,7 +381,9 @@ def test_page_loads_without_errors_or_network(visit, tiny_bench):
     assert visit.errors == []
     assert visit.requests == [visit.url]  # the page itself, nothing else
     charts = len(results["timelines"]) + len(results["tradeoff"])
-    rendered = visit.page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") // 3  # 3 svg layers each
+    rendered = visit.page.evaluate(  # drawn by Plotly: its SVG, and a plot area with some size
+        "Array.from(document.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')"
+        " && d._fullLayout && d._fullLayout._size.w > 100 && d._fullLayout._size.h > 100).length")
     assert visit.page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == charts == rendered
     assert visit.page.locator("#tables table").count() >= 3
 
