@@ -212,15 +212,17 @@ def test_the_page_loads_nothing_from_outside_and_stays_small(tiny_bench):
     assert size < len(get_plotlyjs()) + 2 * MIB, f"{size / MIB:.1f} MiB"  # plotly.js, and the tiny set's data
 
 
-def test_bench_without_plotly_says_how_to_get_the_page(tmp_path, capsys, monkeypatch):
+def test_bench_without_plotly_says_how_to_get_the_page(tiny_bench_run, tmp_path, capsys, monkeypatch):
     import tinygrad_ckpt.bench
+    from tinygrad_ckpt.bench import command
 
+    _, _, results = tiny_bench_run
     monkeypatch.setitem(sys.modules, "plotly", None)  # an import of plotly now fails,
     monkeypatch.setitem(sys.modules, "tinygrad_ckpt.bench.explorer", None)  # and so does the explorer's
     monkeypatch.delattr(tinygrad_ckpt.bench, "explorer", raising=False)
-    assert cli.main(["bench", "--tiny", "--repeats", "1", "--output-dir", str(tmp_path)]) == 0
+    assert command.write_page(results, "tables", str(tmp_path)) == []  # bench writes the rest before it
     assert "pip install 'tinygrad_ckpt[report]'" in capsys.readouterr().out
-    assert not (tmp_path / "report.html").exists() and (tmp_path / "bench.json").exists()
+    assert os.listdir(tmp_path) == []
 
 
 @needs_plotly
@@ -237,6 +239,14 @@ def test_train_memory_report_records_every_micro_batch_of_one_step(tmp_path, cap
     accumulates = [t for t in events if "<b>GradientAccumulator.accumulate</b>" in t]
     assert len(accumulates) == 3 and sum("<b>AdamW.step</b>" in t for t in events) == 1  # one step, three teeth
     assert "micro-batch 3 of 3" in open(path, encoding="utf-8").read()
+
+
+@needs_plotly
+def test_train_memory_report_into_a_missing_folder_is_said_before_training(tmp_path, capsys):
+    code = cli.main(["train", "--max-steps", "1", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+                     "--sample-chars", "0", "--disable-tqdm", "--memory-report", str(tmp_path / "no" / "step.html")])
+    printed = capsys.readouterr()
+    assert code == 2 and "does not exist" in printed.err and "step 1/1" not in printed.out
 
 
 @needs_plotly

@@ -517,6 +517,9 @@ class _StepReport:
     def __init__(self, path):
         if importlib.util.find_spec("plotly") is None:
             raise ImportError(f"memory_report={path!r} needs Plotly for the page: pip install 'tinygrad_ckpt[report]'")
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):  # said now, not after the step has run
+            raise ValueError(f"memory_report={path!r}: the folder {folder} does not exist; create it or choose another path")
         self.path, self.recording = path, None
 
     def start(self):
