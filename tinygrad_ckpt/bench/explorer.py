@@ -9,7 +9,7 @@ backward, recompute and update phases shaded behind it; hovering shows the
 event (op, its record, shapes, bytes allocated and freed by category, the
 live total); a control overlays a second strategy's total on the same axes;
 and the tape listing of the step is linked to the timeline both ways:
-selecting a record marks the span during which its saved arrays were alive.
+selecting a record marks the span during which it kept its saved arrays.
 Below: the budget planner's memory-against-time curves (each point's plan
 on hover) and the bench's tables. Every number comes from the results dict
 strategies.collect() returns (bench.json holds the same), embedded in the
@@ -142,7 +142,7 @@ def _timeline_section(section_id, title, steps, note):
     body = (f"<section class='timeline' id='{section_id}'><h2>{title}</h2>"
             + (f"<p class='note'>{html.escape(note)}</p>" if note else "") + controls
             + "<div class='pair'><div class='chart timeline-chart'></div>"
-            + f"<div class='records'><div class='selection'>Select a record to mark when its saved arrays were alive.</div>{listings}</div></div>"
+            + f"<div class='records'><div class='selection'>Select a record to mark when it kept its saved arrays.</div>{listings}</div></div>"
             + "</section>")
     data = {"id": section_id, "strategies": names,
             "steps": {n: {"figure": views[n]["figure"], "event_rows": views[n]["event_rows"],
@@ -258,7 +258,7 @@ def _listing(events, records):
     ordered = sorted(records.items(), key=lambda kv: kv[1]["first"])
     main = ordered[0][0][0] if ordered else None
     micro = _micro_batches(events, main)
-    head = "<tr><th>#</th><th>op</th><th>output</th><th>saved for backward</th><th>alive (events)</th></tr>"
+    head = "<tr><th>#</th><th>op</th><th>output</th><th>saved for backward</th><th>kept (events)</th></tr>"
     lines, rows, row_of = [], [], {}
     group = None
     for key, r in ordered:
@@ -271,7 +271,7 @@ def _listing(events, records):
         params = r["saved_parameters"]
         saved = format_bytes(r["saved"]) + (f" (+{params} parameter{'s' if params > 1 else ''})" if params else "")
         shapes = ", ".join(_shape(s) for s in r["shapes"])
-        alive = f"{r['first']}–{r['last']}" if r["freed"] else f"{r['first']}–end (never freed in the step)"
+        alive = f"{r['first']}–{r['last']}" if r["freed"] else f"{r['first']}–end (still kept when the step ended)"
         lines.append(f"<tr class='record' data-row='{len(rows) - 1}' tabindex='0'><td>{r['number']}</td>"
                      f"<td>{html.escape(r['op'])}</td><td>{html.escape(shapes)}</td><td>{html.escape(saved)}</td>"
                      f"<td>{alive}</td></tr>")
@@ -317,7 +317,7 @@ def _hover(events, i, n, totals, records):
         lines.append(f"<b>{html.escape(e['op'])}</b>  {phase}" + (f" · {where}" if where else ""))
         r = records.get((e.get("tape"), e.get("record")))
         if r is not None:
-            lines.append(f"its saved arrays, kept since event {r['first']}, are freed")
+            lines.append(f"it lets go of what it saved, kept since event {r['first']}")
     else:
         lines.append(f"<b>{html.escape(e['op'])}</b>  {e['phase']} (not an op)")
     lines.append("allocated: " + _by_category(e.get("allocated", {})))
@@ -396,8 +396,8 @@ def _page(title, intro, sections, charts, tables, results):
         "segment's recompute, and the update (accumulation, the optimizer step). Hover to see an event: the op, its "
         "record on the tape, its shapes, the bytes it allocated and freed by category, and the live total.</p>",
         "<p>The table beside each chart is the tape of the step: one record per op that kept something for backward. "
-        "Click a record (or a point of the chart) to mark when its saved arrays were alive: from its forward to its "
-        "backward. <em>compare with</em> draws another strategy's total, dashed, on the same axes; its events need not "
+        "Click a record (or a point of the chart) to mark when it kept its saved arrays: from its forward to its "
+        "backward (an array that another record or your code also holds lives on). <em>compare with</em> draws another strategy's total, dashed, on the same axes; its events need not "
         "line up with these (a recompute adds events).</p></details>",
     ]
     parts += [body for body, _ in sections]
@@ -549,10 +549,10 @@ _GLUE = """
         tr.classList.add("selected");
         if (scroll) { tr.scrollIntoView({block: "nearest"}); }
         var span = section.steps[state.strategy].rows[row], cells = tr.querySelectorAll("td");
-        caption.textContent = "#" + cells[0].textContent + " " + cells[1].textContent + ": saved arrays alive from event "
+        caption.textContent = "#" + cells[0].textContent + " " + cells[1].textContent + ": kept its saved arrays from event "
           + span[0] + " to event " + span[1] + " (" + cells[3].textContent + ")";
       } else {
-        caption.textContent = "Select a record to mark when its saved arrays were alive.";
+        caption.textContent = "Select a record to mark when it kept its saved arrays.";
       }
       return Plotly.relayout(chart, {shapes: shapes()});
     }
@@ -572,7 +572,7 @@ _GLUE = """
         state.strategy = pick.value;
         root.querySelectorAll(".listing").forEach(function (t) { t.hidden = t.dataset.strategy !== state.strategy; });
         state.row = -1;
-        caption.textContent = "Select a record to mark when its saved arrays were alive.";
+        caption.textContent = "Select a record to mark when it kept its saved arrays.";
         draw();
       });
     }
