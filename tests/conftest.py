@@ -90,3 +90,17 @@ def pytest_runtest_setup(item):
     name = callspec.params.get("array_backend", "numpy") if callspec else "numpy"
     if marker is not None and name not in marker.args:
         pytest.skip(f"runs on the {', '.join(marker.args)} backend(s) only")
+
+
+# -- one run of the bench, for the tests that read what it writes -------------------
+@pytest.fixture(scope="session")
+def tiny_bench_run(tmp_path_factory):
+    """`tinygrad-ckpt bench --tiny`, run once: (exit code, its output folder, bench.json loaded)."""
+    import json
+
+    from tinygrad_ckpt import cli
+
+    out = tmp_path_factory.mktemp("bench")
+    code = cli.main(["bench", "--tiny", "--output-dir", str(out)])
+    with open(out / "bench.json") as f:
+        return code, out, json.load(f)

@@ -5,7 +5,6 @@ the measured peak of saved activations equals the analytic count in every
 row, as tests/test_activations.py shows layer by layer.
 """
 
-import json
 import os
 
 import pytest
@@ -20,16 +19,12 @@ except ImportError:
     HAVE_MATPLOTLIB = False
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOTS = ("peak_memory.png", "timeline_w1.png", "timeline_w2.png", "tradeoff.png")
+PLOTS = ("peak_memory.png", "timeline_w1.png", "timeline_w2.png", "timeline_w3.png", "tradeoff.png")
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    code = cli.main(["bench", "--tiny", "--output-dir", str(out)])
-    with open(out / "bench.json") as f:
-        results = json.load(f)
-    return code, out, results
+@pytest.fixture
+def tiny_run(tiny_bench_run):
+    return tiny_bench_run  # tests/conftest.py: one run for this file and test_explorer.py
 
 
 def test_bench_exits_cleanly_and_writes_json_and_markdown(tiny_run):

@@ -102,6 +102,7 @@ class GradientAccumulator:
         self.items += int(num_items)
         self.micro_batches += 1
         self.sync_gradients = self.micro_batches == self.gradient_accumulation_steps or bool(end_of_data)
+        memory.tracker.mark("GradientAccumulator.accumulate")  # a timeline shows the .grad go into the buffers
         return self.sync_gradients
 
     def write_grads(self):
@@ -126,6 +127,7 @@ class GradientAccumulator:
                 p.grad = Tensor(grad, device=p.device)
                 memory.track(grad, "gradients")
         self.written = True
+        memory.tracker.mark("GradientAccumulator.write_grads")
         return self.items
 
     def zero_grad(self):
@@ -137,3 +139,4 @@ class GradientAccumulator:
         self.micro_batches = 0
         self.sync_gradients = False
         self.written = False
+        memory.tracker.mark("GradientAccumulator.zero_grad")

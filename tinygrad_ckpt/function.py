@@ -150,7 +150,13 @@ class Function:
             active.append(node)
         if tape.anomaly_mode:
             tape.check_outputs(op, node, arrays, outs)
-        memory.tracker.event(op, inputs=arrays, outputs=outs)
+        if memory.tracker.events is None:
+            pass  # no timeline is being recorded
+        elif node is not None and node.index >= 0:  # on a tape (a checkpointed segment's forward keeps none)
+            memory.tracker.event(op, inputs=arrays, outputs=outs, tape=node.tape.number, record=node.index,
+                                 saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
+        else:
+            memory.tracker.event(op, inputs=arrays, outputs=outs)
         return tensors if isinstance(out, tuple) else tensors[0]
 
 

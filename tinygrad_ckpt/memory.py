@@ -23,7 +23,43 @@ with tracemalloc, which sees every NumPy buffer, and state the margin.
 
 The timeline (`timeline()`) records one event per op in forward, backward and
 recompute, with the live bytes per category after it: that is the picture of
-a training step that the benchmarks draw.
+a training step that the benchmarks draw. `record(fn, *args)` runs one call
+with the timeline on and returns it as a `Timeline`, which the instruments
+draw: `.plot()` with matplotlib, `.to_html(path)` as the memory explorer page.
+
+An event is a dict:
+
+    op, phase          the op's class name ("Linear"), or a moment that is not
+                       an op ("GradientAccumulator.accumulate", "AdamW.step");
+                       "forward", "backward",
+                       "recompute" (a checkpointed segment's second forward and
+                       its backward) or "update" (the optimizer and the
+                       accumulation buffers, between the ops)
+    kind               "op" (an op ran forward), "backward" (a record's
+                       backward ran) or "mark" (not an op: a moment named by
+                       the code that changes memory between ops)
+    parameters, ...    live bytes of each category after the event (CATEGORIES)
+    allocated, freed   bytes of the buffers that became known / were freed
+                       since the previous event, by category: {"other": 1024};
+                       a freed buffer counts under the category it had last,
+                       one made and freed in between counts in both. Their
+                       difference is the change of the live total (a buffer
+                       that changes category moves bytes, it is not counted)
+    tape, record       for an op put on a tape, and for that record's backward:
+                       the tape's number and the record's index on it (see
+                       tape.Tape), which name one record within a timeline
+    saved, saved_parameters
+                       an op put on a tape: the bytes its record keeps for
+                       backward (parameters left out, as `print(tape)` shows
+                       them) and how many parameters it keeps besides
+    input_shapes, output_shapes
+                       an op: its arrays' shapes (to count its FLOPs)
+
+What does not live here: drawing (bench/plots.py) and the page
+(bench/explorer.py), which `Timeline.plot()` and `Timeline.to_html()` reach
+inside those two methods only, so importing the engine never loads the
+instruments, matplotlib or Plotly (pyproject.toml's contracts name the two
+imports; tests/test_layers.py keeps them inside the methods).
 """
 
 import weakref
@@ -58,6 +94,9 @@ class MemoryTracker:
         self.peak = dict(self.current)  # bytes by category at the moment of the peak
         self.events = None  # a list while a timeline is being recorded
         self.phase = "forward"
+        # While recording: buffers made, and bytes freed by category, since the last event.
+        self._made = []
+        self._freed = {}
 
     # -- the choke points call these --------------------------------------
     def track(self, array, category=None):
@@ -70,6 +109,8 @@ class MemoryTracker:
             buf.ref = weakref.ref(base, lambda _, key=key: self._free(key))
             self.buffers[key] = buf
             self.current["other"] += buf.nbytes
+            if self.events is not None:
+                self._made.append(buf)
         if category is not None:
             buf.holds[category] = buf.holds.get(category, 0) + 1
             self._move(buf)
@@ -93,6 +134,8 @@ class MemoryTracker:
         buf = self.buffers.pop(key, None)
         if buf is not None:
             self.current[buf.category] -= buf.nbytes
+            if self.events is not None:
+                self._freed[buf.category] = self._freed.get(buf.category, 0) + buf.nbytes
 
     def _update_peak(self):
         total = sum(self.current.values())
@@ -109,19 +152,36 @@ class MemoryTracker:
         self.peak_total = self.total()
         self.peak = dict(self.current)
 
-    def event(self, op, phase=None, inputs=None, outputs=None):
-        """Append a timeline point (only while a timeline is being recorded).
+    def event(self, op, phase=None, inputs=None, outputs=None, kind=None, tape=None, record=None,
+              saved=None, saved_parameters=None):
+        """Append a timeline point (only while a timeline is being recorded): see the module docstring.
 
         An op's forward passes its input and output arrays: their shapes ride
         along ("input_shapes", "output_shapes"), so a reader can count the op's
-        FLOPs (saved.py does, to price a recompute).
+        FLOPs (saved.py does, to price a recompute). kind defaults to "op"
+        when outputs are given, else "backward".
         """
-        if self.events is not None:
-            event = {"op": op, "phase": phase or self.phase, **self.current}
-            if outputs is not None:
-                event["input_shapes"] = [tuple(a.shape) for a in inputs]
-                event["output_shapes"] = [tuple(o.shape) for o in outputs]
-            self.events.append(event)
+        if self.events is None:
+            return
+        event = {"op": op, "phase": phase or self.phase,
+                 "kind": kind or ("op" if outputs is not None else "backward"), **self.current}
+        allocated = {}
+        for buf in self._made:
+            allocated[buf.category] = allocated.get(buf.category, 0) + buf.nbytes
+        event["allocated"], event["freed"] = allocated, self._freed
+        self._made, self._freed = [], {}
+        if tape is not None:
+            event["tape"], event["record"] = tape, record
+        if saved is not None:
+            event["saved"], event["saved_parameters"] = saved, saved_parameters
+        if outputs is not None:
+            event["input_shapes"] = [tuple(a.shape) for a in inputs]
+            event["output_shapes"] = [tuple(o.shape) for o in outputs]
+        self.events.append(event)
+
+    def mark(self, name, phase="update"):
+        """Append an event for a moment that is not an op but changes memory (an optimizer step)."""
+        self.event(name, phase=phase, kind="mark")
 
 
 tracker = MemoryTracker()
@@ -174,11 +234,93 @@ def phase(name):
 def timeline():
     """Record one event per op: `with timeline() as events: step()`."""
     previous, tracker.events = tracker.events, []
+    saved_counts = tracker._made, tracker._freed
+    tracker._made, tracker._freed = [], {}
     events = tracker.events
     try:
         yield events
     finally:
         tracker.events = previous
+        tracker._made, tracker._freed = saved_counts
+
+
+def record(fn, *args, name=None, **kwargs):
+    """Run fn(*args, **kwargs) with the timeline on; returns its `Timeline`.
+
+        timeline = memory.record(train_step, x, y)
+        timeline.plot()                     # matplotlib (the `plot` extra)
+        timeline.to_html("step.html")       # the memory explorer page (the `report` extra)
+
+    name: what the pictures call it (default: fn's name). What fn returns
+    is kept as `timeline.result`.
+    """
+    before = current()
+    with timeline() as events:
+        result = fn(*args, **kwargs)
+    return Timeline(events, name=name or getattr(fn, "__name__", "step"), before=before, result=result)
+
+
+class Timeline:
+    """The events of one recorded call (`record`), oldest first, and what was live before them.
+
+    events: the event dicts (see the module docstring); before: live bytes
+    by category when the recording started; result: what the call returned.
+    `to_dict()` / `Timeline.from_dict()` carry it through JSON.
+    """
+
+    def __init__(self, events, name="step", before=None, result=None):
+        self.events = list(events)
+        self.name = name
+        self.before = dict.fromkeys(CATEGORIES, 0) if before is None else dict(before)
+        self.result = result
+
+    def __len__(self):
+        return len(self.events)
+
+    def __repr__(self):
+        i, total = self.peak()
+        where = f"; peak {format_bytes(total)} at event {i} ({self.events[i]['op']}, {self.events[i]['phase']})" if self.events else ""
+        return f"Timeline({self.name!r}: {len(self.events)} events{where})"
+
+    def totals(self):
+        """Live bytes after each event, all categories together."""
+        return [sum(e[c] for c in CATEGORIES) for e in self.events]
+
+    def peak(self):
+        """(index of the event with the most live bytes, those bytes); (None, 0) if empty."""
+        totals = self.totals()
+        if not totals:
+            return None, 0
+        i = max(range(len(totals)), key=totals.__getitem__)
+        return i, totals[i]
+
+    def to_dict(self):
+        return {"name": self.name, "before": dict(self.before), "events": self.events}
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(data["events"], name=data.get("name", "step"), before=data.get("before"))
+
+    def plot(self, ax=None):
+        """Draw the timeline with matplotlib: live bytes by category, phases shaded; returns the Figure.
+
+        ax: a matplotlib Axes to draw into (default: a new figure). Needs
+        matplotlib (pip install 'tinygrad_ckpt[plot]').
+        """
+        from .bench.plots import timeline_figure  # the instruments draw; see the module docstring
+
+        return timeline_figure(self, ax)
+
+    def to_html(self, path, title=None):
+        """Write the memory explorer page of this timeline to path (self-contained HTML); returns path.
+
+        Needs Plotly (pip install 'tinygrad_ckpt[report]'). The page: the
+        stacked timeline with every event on hover, and the tape listing of
+        its records linked to it (see bench/explorer.py).
+        """
+        from .bench.explorer import write_timeline  # the instruments draw; see the module docstring
+
+        return write_timeline(self, path, title=title)
 
 
 def format_bytes(n):

@@ -67,6 +67,7 @@ class Optimizer:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
+        memory.tracker.mark(f"{type(self).__name__}.zero_grad")  # a timeline shows the gradients go
 
     def step(self):
         raise NotImplementedError  # abstract: each optimizer defines it
@@ -134,6 +135,7 @@ class SGD(Optimizer):
                 buf += d
                 d = buf
             p.sub_(d, alpha=self.lr)
+        memory.tracker.mark("SGD.step")
 
 
 class AdamW(Optimizer):
@@ -179,6 +181,7 @@ class AdamW(Optimizer):
             denom /= math.sqrt(1 - beta2**t)
             denom += self.eps
             p.sub_(m / denom, alpha=self.lr / (1 - beta1**t))
+        memory.tracker.mark("AdamW.step")
 
 
 def get_total_norm(tensors, *, error_if_nonfinite=False):

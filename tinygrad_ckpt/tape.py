@@ -45,6 +45,7 @@ What does not live here: how an op is written (function.py), checkpointing
 (checkpoint.py), the public switch of anomaly mode (autograd.py).
 """
 
+import itertools
 import os
 import sys
 import traceback
@@ -114,21 +115,36 @@ class Node:
         arrays = self.ctx.saved_arrays or ()
         return sum(a.nbytes for a in arrays if a is not None and memory.category(a) != "parameters")
 
+    @property
+    def saved_parameters(self):
+        """How many parameters this record keeps for backward (listed, not charged)."""
+        arrays = self.ctx.saved_arrays or ()
+        return sum(1 for a in arrays if a is not None and memory.category(a) == "parameters")
+
     def __repr__(self):
         shapes = ", ".join(str(s) for s in self.shapes)
         if self.freed:
             return f"#{self.index:<3} {self.name:<16} -> {shapes:<18} freed"
-        params = sum(1 for a in self.ctx.saved_arrays if a is not None and memory.category(a) == "parameters")
+        params = self.saved_parameters
         also = f" (+{params} parameter{'s' if params > 1 else ''})" if params else ""
         return f"#{self.index:<3} {self.name:<16} -> {shapes:<18} saved {memory.format_bytes(self.activation_nbytes)}{also}"
 
 
+_numbers = itertools.count()
+
+
 class Tape:
-    """Records in forward order (held weakly; see the module docstring)."""
+    """Records in forward order (held weakly; see the module docstring).
+
+    `number` tells tapes apart (each new tape gets the next one): memory
+    timelines name a record by (tape number, index), since a checkpoint's
+    recompute numbers its records on a fresh tape from 0 again.
+    """
 
     label = "the tape"  # how error messages name it; a checkpoint's recompute tape says whose it is
 
     def __init__(self):
+        self.number = next(_numbers)
         self.records = []  # weakref.ref(Node), oldest first
         self.count = 0  # records ever appended, to number them
         self._next_prune = 1024
@@ -205,7 +221,7 @@ class Tape:
                     # gradient is pending for is freed now, not when the loss
                     # is dropped, so memory falls during backward as in PyTorch.
                     node.release_graph()
-                memory.tracker.event(node.name)
+                memory.tracker.event(node.name, kind="backward", tape=self.number, record=node.index)
         for record, _ in pending:  # a gradient that found no live record to go to
             if record.freed:
                 _raise_freed(record)

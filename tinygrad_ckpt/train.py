@@ -47,9 +47,12 @@ optimizers (optim.py), the file format (serialization.py), the data set
 (data.py), the command line (cli.py), MPI (distributed.py).
 """
 
+import contextlib
+import importlib.util
 import math
 import numbers
 import re
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -119,6 +122,9 @@ class TrainingArguments:
     optim: str = _field("adamw", "the optimizer", choices=OPTIMIZERS)
     accumulation_dtype: str = _field(None, "dtype of the accumulation buffers, e.g. float64 (None: the parameters')")
     disable_tqdm: bool = _field(False, "no live progress line (log lines are still printed)")
+    memory_report: str = _field(None, "record the first optimizer step (all its micro-batches) and write the memory "
+                                      "explorer page there, one self-contained HTML file (needs Plotly: "
+                                      "pip install -e \".[report]\")")
 
     def __post_init__(self):
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
@@ -431,6 +437,7 @@ class Trainer:
         memory.reset_peak()
         self.model.train()
         acc.zero_grad()
+        report = _StepReport(args.memory_report) if args.memory_report and self.is_main_process else None
         while state.global_step < total:
             order = epoch_order(len(self.train_dataset), args.seed, state.epoch)
             n_micro = self.micro_batches_per_epoch
@@ -438,6 +445,8 @@ class Trainer:
                 indices, items = order[m * B : (m + 1) * B], 0
                 if self.distributed is not None:  # this process's share; at an epoch's end it may be empty
                     indices = self.distributed.shard(indices)
+                if report is not None:
+                    report.start()  # at the first micro-batch of this run's first optimizer step
                 if len(indices):
                     batch = self._micro_batch(indices, self.train_dataset)
                     loss, items = self.compute_loss(batch)  # forward ...
@@ -452,6 +461,9 @@ class Trainer:
                 lr = get_learning_rate(state.global_step, args, total)
                 grad_norm, nonfinite = self._optimizer_step(lr, step)
                 state.global_step += 1
+                if report is not None:
+                    progress.write(report.finish(f"optimizer step {state.global_step}"))
+                    report = None
                 state.micro_step = m + 1
                 if state.micro_step == n_micro:  # the epoch is done
                     state.epoch, state.micro_step = state.epoch + 1, 0
@@ -811,6 +823,38 @@ def format_log(entry, total_steps):
     if "memory" in entry:
         parts.append(f"mem {memory.format_bytes(entry['memory'])} (peak {memory.format_bytes(entry['peak_memory'])})")
     return " | ".join(parts)
+
+
+class _StepReport:
+    """args.memory_report: one optimizer step, all its micro-batches, recorded (memory.timeline) and written as a page.
+
+    Started at the step's first micro-batch, finished after its update; the
+    page is memory.Timeline.to_html's (Plotly: the `report` extra). If
+    training fails in between, the timeline stops with this object.
+    """
+
+    def __init__(self, path):
+        if importlib.util.find_spec("plotly") is None:
+            raise ImportError(f"memory_report={path!r} needs Plotly for the page: pip install 'tinygrad_ckpt[report]'")
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):  # said now, not after the step has run
+            raise ValueError(f"memory_report={path!r}: the folder {folder} does not exist; create it or choose another path")
+        self.path, self.recording = path, None
+
+    def start(self):
+        if self.recording is None:
+            self.before = memory.current()
+            self.recording = contextlib.ExitStack()
+            self.events = self.recording.enter_context(memory.timeline())
+
+    def finish(self, name):
+        """Stop recording, write the page; returns the line to print."""
+        self.recording.close()
+        timeline = memory.Timeline(self.events, name=name, before=self.before)
+        timeline.to_html(self.path)
+        i, peak = timeline.peak()
+        return (f"memory report: {self.path} ({os.path.getsize(self.path) / 2**20:.1f} MiB; {name}: {len(timeline)} events, "
+                f"peak {memory.format_bytes(peak)} at {timeline.events[i]['op']}, {timeline.events[i]['phase']})")
 
 
 class _Progress:

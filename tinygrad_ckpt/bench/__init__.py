@@ -6,13 +6,18 @@
                    strategies on the workloads, memory and time per row
     compare.py     the same workloads in PyTorch, HIPS autograd and mygrad
     plots.py       the bench's pictures (matplotlib, the optional `plot` extra)
+    explorer.py    the memory explorer: report.html, one step event by event, the
+                   tape listing linked to it (Plotly, the optional `report` extra)
+    palette.py     one colour per memory category, strategy and phase
     machine.py     the machine, its load, and the one thread limiter
     report.py      the one Markdown table renderer, and results files written atomically
     command.py     `tinygrad-ckpt bench`: its flags, what it runs and writes
 
 Nothing below this floor imports it: the engine, the techniques, the
 models and training know nothing of how they are measured. The command
-line (cli.py) reaches it through the three names imported here.
+line (cli.py) reaches it through the three names imported here. One
+exception, for the user: memory.Timeline's .plot() and .to_html() draw
+with plots.py and explorer.py, importing them inside those two methods.
 
 What does not live here: the saved-activations report (saved.py) and the
 analytic activation counts (activations.py), which are part of what a

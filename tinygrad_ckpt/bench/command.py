@@ -6,9 +6,10 @@
 
 The strategy bench (strategies.py) writes, into --output-dir, bench.md (the
 tables printed on the terminal), bench.json (every figure, the machine, the
-threads) and PNG plots drawn by plots.py with matplotlib (the optional
-`plot` extra); without matplotlib the tables and JSON are still written, and
-the run says how to get plots. `--compare` runs compare.py instead and
+threads), PNG plots drawn by plots.py with matplotlib (the optional `plot`
+extra) and report.html, the memory explorer page (explorer.py, with Plotly:
+the optional `report` extra); without either library the rest is still
+written, and the run says how to get what is missing. `--compare` runs compare.py instead and
 writes compare.md and compare.json. --quick and the hidden --tiny (toy sizes,
 for the tests) choose the set of sizes (workloads.py) for either.
 
@@ -29,7 +30,8 @@ from .report import write_json, write_text
 DESCRIPTION = """Measure checkpointing and accumulation strategies side by side on the reference
 workloads (W1 deep MLP, W2 GPT stack, W3 accumulation): peak memory by category,
 saved activations measured beside the analytic count, step time relative to no
-checkpointing. Prints Markdown tables; writes bench.json, bench.md and PNG plots.
+checkpointing. Prints Markdown tables; writes bench.json, bench.md, PNG plots and
+report.html, an interactive page of every byte of one step (opens from disk).
 
   tinygrad-ckpt bench --quick      the smaller set
   tinygrad-ckpt bench              the full set (it says how long it took)
@@ -41,11 +43,11 @@ def add_arguments(parser):
     parser.add_argument("--quick", action="store_true",
                         help="a smaller set: W1 depth 8 and 16, W2 2 blocks, three W3 splits")
     parser.add_argument("--output-dir", default="bench-out", metavar="DIR",
-                        help="where bench.json, bench.md and the PNG plots go (default: bench-out)")
+                        help="where bench.json, bench.md, the PNG plots and report.html go (default: bench-out)")
     parser.add_argument("--threads", type=int, default=2, help="BLAS threads (default 2; see the notes printed)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed steps per row, after one warm-up step (default 5; the median is reported)")
-    parser.add_argument("--no-plots", action="store_true", help="write the tables and JSON only")
+    parser.add_argument("--no-plots", action="store_true", help="write the tables and JSON only (no PNGs, no report.html)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes, for the tests
     parser.add_argument("--compare", action="store_true",
                         help="instead: W1 and W2 in this engine and in PyTorch, HIPS autograd and mygrad, "
@@ -93,7 +95,7 @@ def run(args):
     write_json(written[0], results)
     write_text(written[1], text + "\n")
     if args.no_plots:
-        print("plots: skipped (--no-plots)")
+        print("plots: skipped (--no-plots), the memory explorer page (report.html) with them")
     else:
         try:
             from . import plots  # matplotlib, the optional `plot` extra
@@ -102,9 +104,23 @@ def run(args):
                   "`pip install 'tinygrad_ckpt[plot]'` and run bench again")
         else:
             written += plots.draw_all(results, args.output_dir)
+        written += write_page(results, text, args.output_dir)
     print(f"wrote: {', '.join(written)}")
     print(f"the {name} set took {elapsed:.0f} s ({elapsed / 60:.1f} min) on {results['machine']['description']}")
     return 0
+
+
+def write_page(results, tables, output_dir):
+    """report.html, the memory explorer (explorer.py, Plotly: the optional `report` extra); the paths written."""
+    try:
+        from . import explorer
+    except ImportError as e:
+        print(f"memory explorer page: skipped, Plotly is not installed ({e}); get report.html with "
+              "`pip install 'tinygrad_ckpt[report]'` and run bench again")
+        return []
+    path = explorer.write(results, os.path.join(output_dir, "report.html"), tables)
+    print(f"memory explorer: {path} ({os.path.getsize(path) / 2**20:.1f} MiB; it opens from disk, no network)")
+    return [path]
 
 
 def run_compare(args, sizes):

@@ -6,6 +6,8 @@
     timeline_w1.png     one training step per strategy, live bytes by category
     timeline_w2.png     op by op: the forward rise, the recompute bumps (marked
                         along the top), the backward fall
+    timeline_w3.png     one optimizer step per split of the batch: a tooth per
+                        micro-batch
     tradeoff.png        budget plans: activation peak against step time, each
                         point measured by running the plan, beside the uniform
                         schedules
@@ -13,9 +15,12 @@
 Input is the dict strategies.collect() returns (and bench.json holds), so
 the plots can be redrawn from a saved JSON file: `plots.draw_all(json.load(f), dir)`.
 Every picture is written through the package's one atomic writer.
+`timeline_figure(timeline)` draws one memory.Timeline: it is what
+`memory.record(...).plot()` shows, and each panel of the timeline pictures.
 
 What does not live here: measuring (strategies.py), the memory categories
-themselves (memory.py).
+themselves (memory.py), the colours (palette.py), the interactive page
+(explorer.py).
 """
 
 import os
@@ -25,17 +30,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..memory import Timeline  # noqa: E402
 from ..serialization import atomic_write  # noqa: E402
+from .palette import COLOURS, PHASES, STACK, STYLES  # noqa: E402
 
 MIB = 2**20
-# One colour per category, the same in every picture.
-COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#8172b3",
-           "accumulation": "#937860", "activations": "#55a868", "other": "#c4c4c4"}
-CATEGORIES = tuple(COLOURS)
-# One colour and marker per strategy, the same in every picture; others get matplotlib's.
-STYLES = {"none": ("#1f77b4", "o"), "every layer": ("#ff7f0e", "^"), "sqrt(n)": ("#2ca02c", "D"),
-          "selective": ("#d62728", "P"), "selective, half blocks": ("#e377c2", "X"),
-          "budget 50%": ("#9467bd", "s"), "budget 25%": ("#8c564b", "v")}
 
 
 def _style(strategy):
@@ -97,31 +96,53 @@ def peak_memory(results):
 
 
 def timelines(workload, timeline):
-    """One panel per strategy: live bytes by category, op by op, recompute shaded."""
+    """One panel per strategy: live bytes by category, event by event, recompute marked."""
     strategies = timeline["strategies"]
     fig, axes = plt.subplots(len(strategies), 1, figsize=(11, 2.4 * len(strategies)), squeeze=False)
-    top = max((sum(e[c] for c in CATEGORIES) for events in strategies.values() for e in events), default=1) / MIB
-    for ax, (strategy, events) in zip(axes[:, 0], strategies.items()):
-        steps = range(len(events))
-        ax.stackplot(steps, *[[e[c] / MIB for e in events] for c in CATEGORIES],
-                     labels=CATEGORIES, colors=[COLOURS[c] for c in CATEGORIES], step="post")
-        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") == "op", "#e8a33d", "recompute (forward again)")
-        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") != "op", "#7fb3d5", "the segment's backward")
-        first_backward = next((i for i, e in enumerate(events) if e["phase"] != "forward"), None)
-        if first_backward is not None:
-            ax.axvline(first_backward, color="black", lw=0.8, ls="--")
-        ax.set_ylim(0, top * 1.05)
-        ax.set_xlim(0, max(len(events) - 1, 1))
-        ax.set_ylabel("MiB")
-        ax.set_title(f"{workload} size {timeline['size']}, {strategy}: forward | backward (dashed line)", fontsize=9)
+    steps = {name: Timeline.from_dict(data) for name, data in strategies.items()}
+    top = max((t for step in steps.values() for t in step.totals()), default=1) / MIB
+    for ax, (strategy, step) in zip(axes[:, 0], steps.items()):
+        draw_timeline(ax, step, f"{workload} size {timeline['size']}, {strategy}", top)
     legend = {}
     for ax in axes[:, 0]:  # one legend for all panels: categories, and the recompute marks
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
     fig.legend(legend.values(), legend.keys(), loc="upper center", ncol=8, fontsize=8)
-    axes[-1, 0].set_xlabel("event: an op's forward (or its recompute), or a record's backward, in the order they ran")
+    axes[-1, 0].set_xlabel("event: an op's forward (or its recompute), a record's backward, or an update, in the order they ran")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     return fig
+
+
+def timeline_figure(timeline, ax=None):
+    """One memory.Timeline drawn into ax (default: a new figure); returns the Figure."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 3.6))
+    else:
+        fig = ax.figure
+    draw_timeline(ax, timeline, timeline.name)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.set_xlabel("event: an op's forward (or its recompute), a record's backward, or an update")
+    fig.tight_layout()
+    return fig
+
+
+def draw_timeline(ax, timeline, title, top=None):
+    """Live MiB by category after each event, stacked; recompute marked along the top, backward dashed."""
+    events = timeline.events
+    steps = range(len(events))
+    ax.stackplot(steps, *[[e[c] / MIB for e in events] for c in STACK],
+                 labels=STACK, colors=[COLOURS[c] for c in STACK], step="post")
+    _shade(ax, events, lambda e: e["phase"] == "recompute" and e["kind"] == "op", PHASES["recompute"], "recompute (forward again)")
+    _shade(ax, events, lambda e: e["phase"] == "recompute" and e["kind"] != "op", "#7fb3d5", "the segment's backward")
+    _shade(ax, events, lambda e: e["phase"] == "update", "#9e9e9e", "update (accumulate, optimizer)")
+    first_backward = next((i for i, e in enumerate(events) if e["phase"] != "forward"), None)
+    if first_backward is not None:
+        ax.axvline(first_backward, color="black", lw=0.8, ls="--")
+    top = top if top is not None else max(timeline.totals(), default=1) / MIB
+    ax.set_ylim(0, top * 1.05 or 1)
+    ax.set_xlim(0, max(len(events) - 1, 1))
+    ax.set_ylabel("MiB")
+    ax.set_title(f"{title}: forward | backward (dashed line)", fontsize=9)
 
 
 def _shade(ax, events, inside, colour, label):

@@ -60,7 +60,7 @@ class BenchConfig:
     tradeoff_w1_depth: int  # trade-off curves: budget plans over tradeoff_fractions
     tradeoff_w2_blocks: int
     tradeoff_fractions: tuple
-    timeline_w1_depth: int  # which sizes get a memory-timeline plot
+    timeline_w1_depth: int  # which sizes get a memory timeline (the plots, the explorer page)
     timeline_w2_blocks: int
     repeats: int = 5  # timed steps per row (median), after one warm-up step
 
@@ -68,7 +68,7 @@ class BenchConfig:
 FULL = BenchConfig(
     sizes=workloads.FULL, budgets=(0.5, 0.25),
     tradeoff_w1_depth=32, tradeoff_w2_blocks=8, tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2),
-    timeline_w1_depth=16, timeline_w2_blocks=4,
+    timeline_w1_depth=64, timeline_w2_blocks=8,  # the largest: the explorer page shows them event by event
 )
 QUICK = BenchConfig(
     sizes=workloads.QUICK, budgets=(0.5, 0.25),
@@ -137,9 +137,9 @@ def measure_memory(step, policy=None):
         tracemalloc.stop()
     peak, by_category = memory.peak()
     forward = sum(op_flops(e["op"], e["input_shapes"], e["output_shapes"]) for e in events
-                  if e["phase"] == "forward" and "output_shapes" in e)
+                  if e["phase"] == "forward" and e["kind"] == "op")
     recompute = sum(op_flops(e["op"], e["input_shapes"], e["output_shapes"]) for e in events
-                    if e["phase"] == "recompute" and "output_shapes" in e
+                    if e["phase"] == "recompute" and e["kind"] == "op"
                     and (policy is None or policy(e["op"]) == policies.RECOMPUTE))
     return {
         "peak_bytes": peak,
@@ -150,10 +150,10 @@ def measure_memory(step, policy=None):
         "forward_flops": forward,
         "recompute_flops": recompute,
         "theory_ratio": 1 + recompute / (3 * forward) if forward else None,
-        # For the timeline plots: categories and phase per event, and whether it
-        # is an op running forward ("op") or a record's backward ("backward").
-        "events": [{**{k: v for k, v in e.items() if k not in ("input_shapes", "output_shapes")},
-                    "record": "op" if "output_shapes" in e else "backward"} for e in events],
+        # For the timelines (plots.py, explorer.py): every event as memory.py
+        # recorded it, and what was live before the step.
+        "before": before,
+        "events": events,
     }
 
 
@@ -525,10 +525,12 @@ def collect(config, progress):
     rows += bench_w3(config, progress)
     gc.collect()
     timelines = {}
-    for workload, size in (("W1", config.timeline_w1_depth), ("W2", config.timeline_w2_blocks)):
+    for workload, size in (("W1", config.timeline_w1_depth), ("W2", config.timeline_w2_blocks),
+                           ("W3", config.sizes.w3.model.n_layer)):
         timelines[workload] = {"size": size, "strategies": {
-            r["strategy"]: r["events"] for r in rows
+            r["strategy"]: {"before": r["before"], "events": r["events"]} for r in rows
             if r["workload"] == workload and r["size"] == size and not r.get("infeasible")}}
     for r in rows + [r for curve in tradeoff for r in curve["rows"]]:
-        r.pop("events", None)  # kept only for the timeline plots
+        r.pop("events", None)  # kept only for the timelines
+        r.pop("before", None)
     return {"rows": rows, "tradeoff": tradeoff, "timelines": timelines}

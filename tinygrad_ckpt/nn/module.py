@@ -189,6 +189,7 @@ class Module:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
+        memory.tracker.mark(f"{type(self).__name__}.zero_grad")  # a timeline shows the gradients go
 
     def to(self, device):
         """Move every parameter and buffer to `device`, in place; returns self.
