@@ -29,6 +29,7 @@ from . import bench, memory, random
 from .data import load_char_datasets
 from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
+from .testing import verify
 from .train import TrainingArguments, Trainer
 
 # The default run: a 3-layer character GPT (348k parameters) on the embedded
@@ -183,6 +184,11 @@ def build_parser():
                                        description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(bench_parser)
     bench_parser.set_defaults(run=bench.run)
+    verify_parser = commands.add_parser("verify", help="check every checkpointing and accumulation strategy "
+                                        "against the plain gradients: one table", description=verify.DESCRIPTION,
+                                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    verify.add_arguments(verify_parser)
+    verify_parser.set_defaults(run=verify.run)
     return parser
 
 
