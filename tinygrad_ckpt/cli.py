@@ -5,6 +5,7 @@
     tinygrad-ckpt train --data my.txt --max-steps 500 --output-dir out
     tinygrad-ckpt train --output-dir out --resume         # continue from out/checkpoint.npz
     mpiexec -n 2 tinygrad-ckpt train ...                  # data parallel: 2 processes (distributed.py)
+    tinygrad-ckpt verify                                  # every strategy changes no gradient (testing/verify.py)
 
 Each subcommand is a parser (its flags) and a function run(args). The train
 command's flags are TrainingArguments' fields written as flags, plus the data

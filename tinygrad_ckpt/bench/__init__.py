@@ -12,7 +12,8 @@
 
 Nothing below this floor imports it: the engine, the techniques, the
 models and training know nothing of how they are measured. The command
-line (cli.py) reaches it through the three names imported here.
+line (cli.py) reaches it through the three names imported here; the checks
+above it (testing/) print with report.py's table renderer.
 
 What does not live here: the saved-activations report (saved.py) and the
 analytic activation counts (activations.py), which are part of what a

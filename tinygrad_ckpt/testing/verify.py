@@ -1,6 +1,6 @@
 """`tinygrad-ckpt verify`: every checkpointing and accumulation strategy checked on a GPT and an MLP, as one table.
 
-    tinygrad-ckpt verify                           # the default sizes: about a minute on 2 cores
+    tinygrad-ckpt verify                           # the default sizes: 42 s of CPU time (2-core machine)
     tinygrad-ckpt verify --n-layer 8 --n-embd 64   # the GPT's fields (GPTConfig's names); --mlp-layers ...
 
 Each row is one strategy, run by check_checkpoint or check_accumulation
@@ -54,7 +54,7 @@ they are without it: each strategy against the plain run of the same GPT or MLP,
 float64 and float32, one row each (largest gradient differences, tolerance, verdict).
 Exit status 1 if any check fails.
 
-  tinygrad-ckpt verify                          the default sizes (about a minute on 2 cores)
+  tinygrad-ckpt verify                          the default sizes (40 s or so of CPU time)
   tinygrad-ckpt verify --n-layer 8 --n-embd 64  a bigger GPT (GPTConfig's fields as flags)"""
 
 DTYPES = ("float64", "float32")
