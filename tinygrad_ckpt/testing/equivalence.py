@@ -300,8 +300,12 @@ def check_checkpoint(fn, inputs, strategy=None, policy=None, *, split_blocks=Non
 
 
 def _checkpoint_strategy(fn, inputs, strategy, policy, split_blocks):
-    """(title, plain run, checked run, the model's switch or None); bad arguments are errors here."""
-    def plain():
+    """(title, plain run, checked run, the model whose switch they turn, or None); bad arguments are errors here."""
+    switched = fn if hasattr(fn, "gradient_checkpointing_disable") else None
+
+    def plain():  # with the model's own checkpointing off, whatever the caller had set
+        if switched is not None:
+            switched.gradient_checkpointing_disable()
         return fn(*inputs)
 
     if callable(strategy) and not isinstance(strategy, (str, Plan)):
@@ -309,7 +313,13 @@ def _checkpoint_strategy(fn, inputs, strategy, policy, split_blocks):
             raise ValueError("check_checkpoint: policy= and split_blocks= choose among the built-in strategies; "
                              "a strategy function applies its own")
         name = getattr(strategy, "__qualname__", None) or type(strategy).__name__
-        return f"{name}(fn, *inputs) against fn(*inputs)", plain, lambda: strategy(fn, *inputs), None
+
+        def own():
+            if switched is not None:
+                switched.gradient_checkpointing_disable()
+            return strategy(fn, *inputs)
+
+        return f"{name}(fn, *inputs) against fn(*inputs)", plain, own, switched
     switch = getattr(fn, "gradient_checkpointing_enable", None)
     if switch is None:
         if strategy is not None or split_blocks is not None:
@@ -335,11 +345,7 @@ def _checkpoint_strategy(fn, inputs, strategy, policy, split_blocks):
         switch(segments, **options)
         return fn(*inputs)
 
-    def plain_run():
-        fn.gradient_checkpointing_disable()
-        return fn(*inputs)
-
-    return f"{type(fn).__name__}.gradient_checkpointing_enable({described})", plain_run, checked, fn
+    return f"{type(fn).__name__}.gradient_checkpointing_enable({described})", plain, checked, fn
 
 
 def _describe(value):
@@ -416,17 +422,19 @@ def _run(call, loss_fn, leaves, seed, state, order=None):
     """One forward and backward of `call`, observed: outputs, gradients, buffers, generators (host copies)."""
     state.reset()
     with _observing() as observed:
-        result = call()
-        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
-        if leaves is None:
-            leaves = sorted(_leaves(outputs), key=lambda t: order.get(id(t), len(order)))
-            if not leaves:
-                raise ValueError("check_checkpoint: nothing fn returns depends on a tensor that requires grad, "
-                                 "so there is no gradient to compare")
-        state.start(leaves)
-        _loss(outputs, loss_fn, seed).backward()
-    for g, before in observed:
-        state.generators.setdefault(id(g), (g, before))
+        try:
+            result = call()
+            outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+            if leaves is None:
+                leaves = sorted(_leaves(outputs), key=lambda t: order.get(id(t), len(order)))
+                if not leaves:
+                    raise ValueError("check_checkpoint: nothing fn returns depends on a tensor that requires "
+                                     "grad, so there is no gradient to compare")
+            state.start(leaves)
+            _loss(outputs, loss_fn, seed).backward()
+        finally:
+            for g, before in observed:  # to be put back, whatever happened
+                state.generators.setdefault(id(g), (g, before))
     return _Run(
         outputs=[_host(o) for o in outputs],
         leaves=leaves,

@@ -47,6 +47,7 @@ from ..bench.report import markdown_table
 from ..nn import GPT, MLP, GPTConfig
 from ..policies import BY_NAME
 from ..schedules import describe, measure_layers, minimum_budget, plan_checkpoints, predict, revolve
+from ..tensor import Tensor
 from .equivalence import check_accumulation, check_checkpoint, tolerance
 
 DESCRIPTION = """Check that every checkpointing and accumulation strategy leaves the gradients as
@@ -132,8 +133,6 @@ class Models:
                    rng=numpy.random.default_rng(a.seed))
 
     def mlp_input(self, dtype):
-        from ..tensor import Tensor
-
         return Tensor(self.x.astype(dtype), requires_grad=True, device=self.args.device)
 
     def gpt_batch(self):
@@ -151,8 +150,6 @@ def gpt_loss(model, batch):
 
 def mlp_loss(model, batch):
     """The summed squared error of the examples."""
-    from ..tensor import Tensor
-
     x, y = batch
     device = model.head.weight.device
     return F.mse_loss(model(Tensor(x, device=device)), Tensor(y, device=device), reduction="sum")
