@@ -40,7 +40,7 @@ import numpy
 try:
     from hypothesis import strategies as st
     from hypothesis.extra import numpy as hnp
-except ImportError as e:  # pragma: no cover - what a user without the test extra sees
+except ImportError as e:  # what a user without the test extra sees
     raise ImportError(
         "tinygrad_ckpt.testing.strategies draws examples with hypothesis, which is not installed: "
         "pip install hypothesis (or pip install -e '.[test]')"
@@ -114,18 +114,19 @@ def chains(max_depth=5, max_width=4, max_batch=3, dropout=(0.0, 0.3)):
     )
 
 
-def gpt_configs(max_layers=4, max_block_size=8, vocab_size=11, head_sizes=(2, 4), max_heads=2, dropout=(0.0, 0.2)):
+@st.composite
+def gpt_configs(draw, max_layers=4, max_block_size=8, vocab_size=11, head_sizes=(2, 4), max_heads=2,
+                dropout=(0.0, 0.2)):
     """Tiny GPTConfigs: 1..max_layers blocks, 1..max_heads heads of a size from head_sizes.
 
     Build the model with `GPT(config, rng=numpy.random.default_rng(seed))`,
     and draw its input with `padded_batches(config.vocab_size, config.block_size)`.
     """
-    return st.builds(
-        GPTConfig, block_size=st.integers(2, max_block_size), vocab_size=st.just(vocab_size),
-        n_layer=st.integers(1, max_layers), n_head=st.shared(st.integers(1, max_heads), key="n_head"),
-        n_embd=st.tuples(st.shared(st.integers(1, max_heads), key="n_head"), st.sampled_from(head_sizes)).map(
-            lambda nh_hs: nh_hs[0] * nh_hs[1]),
-        dropout=st.sampled_from(dropout), bias=st.booleans(), tie_weights=st.booleans(),
+    n_head = draw(st.integers(1, max_heads))
+    return GPTConfig(
+        block_size=draw(st.integers(2, max_block_size)), vocab_size=vocab_size,
+        n_layer=draw(st.integers(1, max_layers)), n_head=n_head, n_embd=n_head * draw(st.sampled_from(head_sizes)),
+        dropout=draw(st.sampled_from(dropout)), bias=draw(st.booleans()), tie_weights=draw(st.booleans()),
     )
 
 

@@ -166,16 +166,19 @@ def chain_costs(model, models, dtype):
 
 
 def planned(costs, fraction=None):
-    """The planner's plan at `fraction` of the no-checkpoint peak, or below one level (None): a Plan, or why not."""
-    full = predict(costs, [(0, len(costs), False)])[0]
-    single = minimum_budget(costs, nested=False)
-    if fraction is not None:
-        return plan_checkpoints(costs, max(int(full * fraction), minimum_budget(costs)))
+    """(the planner's plan, what its budget was): at `fraction` of the no-checkpoint peak, or
+    (fraction None) halfway between the least a nested plan and the least one level reaches;
+    (None, why) when nested plans reach no lower than one level."""
     least = minimum_budget(costs)
+    if fraction is not None:
+        budget = int(predict(costs, [(0, len(costs), False)])[0] * fraction)
+        if budget < least:
+            return plan_checkpoints(costs, least), f"{fraction:.0%} of the peak, raised to the least any plan reaches"
+        return plan_checkpoints(costs, budget), f"{fraction:.0%} of the peak"
+    single = minimum_budget(costs, nested=False)
     if least >= single:
-        return f"no nested plan goes below one level's minimum for {len(costs)} layers"
-    plan = plan_checkpoints(costs, (least + single) // 2)
-    return plan
+        return None, f"no nested plan goes below one level's minimum for {len(costs)} layers"
+    return plan_checkpoints(costs, (least + single) // 2), "below one level"
 
 
 # -- the rows -----------------------------------------------------------------------------
@@ -202,17 +205,17 @@ def rows(models, with_mpi=True):
         out.append(Row(name, f"every {unit}", ckpt("every")))
         out.append(Row(name, f"sqrt(n) segments ({round(n ** 0.5)})", ckpt("sqrt")))
         for fraction in (0.5, 0.25):
-            plan = planned(costs, fraction)
-            out.append(Row(name, f"planner at {fraction:.0%} of the peak: {_label(plan.segments)}", ckpt(plan)))
+            plan, budget = planned(costs, fraction)
+            out.append(Row(name, f"planner at {budget}: {_label(plan.segments)}", ckpt(plan)))
         if n >= 2:
             out.append(Row(name, f"nested: revolve({n}, 0), {_label(revolve(n, 0))}", ckpt(revolve(n, 0))))
         else:
             out.append(Row(name, "nested: revolve(n, 0)", skip="one layer: nothing to nest"))
-        plan = planned(costs)
-        if isinstance(plan, str):
-            out.append(Row(name, "planner below one level", skip=plan))
+        plan, budget = planned(costs)
+        if plan is None:
+            out.append(Row(name, "planner below one level", skip=budget))
         else:
-            out.append(Row(name, f"planner below one level: {_label(plan.segments)}", ckpt(plan)))
+            out.append(Row(name, f"planner {budget}: {_label(plan.segments)}", ckpt(plan)))
         for policy in sorted(BY_NAME):
             out.append(Row(name, f"every {unit}, policy {policy}", ckpt("every", policy)))
         if name == "GPT":
