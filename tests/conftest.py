@@ -1,20 +1,32 @@
-"""Shared test setup: hypothesis profiles.
+"""Shared test setup: hypothesis profiles, the `equivalence` marker, every engine test on every backend.
 
-HYPOTHESIS_PROFILE=ci (the default, and what .ci/run uses) is derandomized
-with a bounded number of examples, so CI is repeatable and fast;
-HYPOTHESIS_PROFILE=dev explores many more examples for local runs.
+The profiles (HYPOTHESIS_PROFILE=ci|dev|thorough; the README's table of
+them says when to use which): `ci`, the default, is derandomized and
+small, so a run is repeatable and fast; `dev` and `thorough` draw fresh
+random examples, about 13 and 200 times as many. A test that pins its own
+count, `@settings(max_examples=examples(8))`, is scaled the same way.
 """
 
 import os
 
 from hypothesis import HealthCheck, settings
 
+CI_EXAMPLES = 15
 settings.register_profile(
-    "ci", max_examples=15, derandomize=True, deadline=None,
+    "ci", max_examples=CI_EXAMPLES, derandomize=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "thorough", max_examples=3000, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(n):
+    """n examples under the ci profile, as many times more as the loaded profile draws (dev, thorough)."""
+    return max(n, round(n * settings.default.max_examples / CI_EXAMPLES))
 
 
 # -- every engine test on every array backend ------------------------------------
@@ -36,6 +48,7 @@ from tinygrad_ckpt.testing import strict_cupy  # noqa: E402
 ENGINE_TESTS = {
     "test_ops.py", "test_tape.py", "test_errors.py", "test_nn.py", "test_optim.py",
     "test_accumulate.py", "test_checkpoint.py", "test_saved.py", "test_memory.py", "test_autograd.py",
+    "test_equivalence.py",
 }
 
 
@@ -55,6 +68,8 @@ def backends():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "backends(*names): run this test only on these array backends")
+    config.addinivalue_line("markers", "equivalence: proves that checkpointed or accumulated gradients equal the "
+                                       "plain ones (python -m pytest -m equivalence runs exactly these)")
 
 
 def pytest_report_header(config):

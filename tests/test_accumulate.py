@@ -18,6 +18,7 @@ from tinygrad_ckpt import Tensor, backend, memory
 from tinygrad_ckpt.accumulate import GradientAccumulator
 from tinygrad_ckpt.nn import Parameter
 from tinygrad_ckpt.optim import SGD, AdamW, clip_grad_norm_
+from tinygrad_ckpt.testing.strategies import micro_batch_splits, padded_batches
 
 ATOL, RTOL = 1e-12, 1e-10
 V, C = 7, 5  # vocabulary, width
@@ -39,29 +40,6 @@ def loss_of(params, input_ids, labels, reduction):
     return F.cross_entropy(logits, labels, reduction=reduction)
 
 
-@st.composite
-def padded_batches(draw, max_examples=10, max_len=6):
-    """A batch (input_ids, labels) of right-padded sequences with some ignored labels."""
-    n = draw(st.integers(1, max_examples))
-    T = draw(st.integers(1, max_len))
-    seed = draw(st.integers(0, 2**16))
-    rng = numpy.random.default_rng(seed)
-    input_ids = rng.integers(0, V, size=(n, T))
-    labels = rng.integers(0, V, size=(n, T))
-    lengths = rng.integers(1, T + 1, size=n)  # each sequence keeps at least one token
-    labels[numpy.arange(T)[None, :] >= lengths[:, None]] = -100  # padding
-    labels[rng.random((n, T)) < 0.2] = -100  # and some ignored positions inside
-    labels[0, 0] = rng.integers(0, V)  # the batch counts at least one token
-    return input_ids, labels
-
-
-@st.composite
-def splits(draw, n):
-    """Cut points that split n examples into 1..n micro-batches of random sizes."""
-    cuts = draw(st.lists(st.integers(1, n - 1), unique=True, max_size=n - 1)) if n > 1 else []
-    return [0, *sorted(cuts), n]
-
-
 def big_batch_grads(params, input_ids, labels):
     loss = loss_of(params, input_ids, labels, "mean")
     loss.backward()
@@ -71,10 +49,11 @@ def big_batch_grads(params, input_ids, labels):
     return grads
 
 
-@given(data=st.data(), batch=padded_batches())
+@pytest.mark.equivalence
+@given(data=st.data(), batch=padded_batches(vocab_size=V))
 def test_accumulated_gradient_equals_full_batch_gradient(data, batch):
     input_ids, labels = batch
-    bounds = data.draw(splits(len(input_ids)))
+    bounds = numpy.cumsum([0, *data.draw(micro_batch_splits(len(input_ids)))]).tolist()
     params = make_params()
     expected = big_batch_grads(params, input_ids, labels)
 
@@ -93,11 +72,12 @@ def test_accumulated_gradient_equals_full_batch_gradient(data, batch):
     assert all(not backend.to_host(buf).any() for buf in acc.buffers)
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("make_optimizer", [
     lambda params: SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01),
     lambda params: AdamW(params, lr=0.01, weight_decay=0.1),
 ], ids=["sgd", "adamw"])
-@given(data=st.data(), batch=padded_batches(max_examples=12))
+@given(data=st.data(), batch=padded_batches(vocab_size=V, max_examples=12))
 def test_parameters_after_several_steps_equal_the_big_batch_run(make_optimizer, data, batch):
     """One epoch of optimizer steps, each over B*k examples; the last group may be short."""
     input_ids, labels = batch
@@ -132,6 +112,7 @@ def test_parameters_after_several_steps_equal_the_big_batch_run(make_optimizer, 
         numpy.testing.assert_allclose(p.numpy(), q.numpy(), atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.equivalence
 def test_mean_of_means_is_wrong_when_token_counts_differ_and_we_do_not_use_it():
     rng = numpy.random.default_rng(1)
     input_ids = rng.integers(0, V, size=(2, 6))
@@ -172,6 +153,7 @@ def test_sync_gradients_every_k_micro_batches_and_at_the_end_of_the_data():
     assert flags == [False, False, True, False, False, True, True]
 
 
+@pytest.mark.equivalence
 def test_short_last_group_is_the_exact_mean_over_its_own_items():
     # 5 micro-batches of 2 examples, gradient_accumulation_steps=3: groups of 3 and 2
     rng = numpy.random.default_rng(2)

@@ -23,6 +23,8 @@ from tinygrad_ckpt.ops import matmul
 from tinygrad_ckpt.schedules import revolve
 from tinygrad_ckpt.testing import strict_cupy
 
+from .conftest import examples
+
 F64 = numpy.float64
 RTOL64, ATOL64 = 1e-12, 1e-14
 RTOL32, ATOL32 = 1e-5, 1e-6
@@ -84,7 +86,8 @@ POLICIES = [None, policies.nothing_saveable, policies.save_matmuls, policies.eve
 
 
 # -- the same gradients ---------------------------------------------------------
-@settings(max_examples=12)
+@pytest.mark.equivalence
+@settings(max_examples=examples(12))
 @given(depth=st.integers(1, 5), width=st.integers(1, 4), batch=st.integers(1, 3),
        segments=st.one_of(st.integers(1, 5), st.sampled_from(["sqrt", "every", "revolve0", "revolve1"])),
        p_drop=st.sampled_from([0.0, 0.3]), policy=st.sampled_from(POLICIES),
@@ -115,7 +118,8 @@ def tiny_gpt(n_layer, dropout, seed=0, dtype=F64):
     return GPT(config, rng=gen, dtype=dtype), gen
 
 
-@settings(max_examples=8)
+@pytest.mark.equivalence
+@settings(max_examples=examples(8))
 @given(n_layer=st.integers(1, 4), T=st.integers(2, 8), dropout=st.sampled_from([0.0, 0.2]),
        segments=st.sampled_from(["every", "sqrt", 1, "revolve0"]),
        policy=st.sampled_from([None, policies.selective_attention, policies.save_matmuls, user_policy]),
@@ -144,6 +148,7 @@ def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments
     assert results[1][2] == results[0][2]
 
 
+@pytest.mark.equivalence
 def test_mlp_float32_gradients_within_tolerance():
     model = MLP(6, 8, 3, n_layers=5, rng=numpy.random.default_rng(0))
     x = randn(4, 6, dtype=numpy.float32, requires_grad=True)
@@ -158,6 +163,7 @@ def test_mlp_float32_gradients_within_tolerance():
     assert_same_grads(results[1], results[0], rtol=RTOL32, atol=ATOL32)
 
 
+@pytest.mark.equivalence
 def test_multiple_inputs_outputs_keywords_and_non_tensor_arguments():
     a, b = randn(3, 2, seed=1, requires_grad=True), randn(3, 2, seed=2, requires_grad=True)
     w = nn.Linear(2, 2, dtype=F64, rng=numpy.random.default_rng(3))
@@ -265,6 +271,7 @@ def test_offload_moves_kept_arrays_to_the_host_on_a_device(array_backend):
 
 
 # -- parameters when the input needs no gradient; nesting ---------------------------
+@pytest.mark.equivalence
 def test_parameters_get_gradients_when_the_input_does_not_require_grad():
     blocks, _ = chain(4, 3, 0.0)
     params = params_of(blocks)
@@ -341,6 +348,7 @@ def test_scalar_tensors_in_a_segment_with_every_policy(shape, segment, policy, s
     assert_same_grads(results[1], results[0])
 
 
+@pytest.mark.equivalence
 def test_nested_checkpoints():
     blocks, drop_rng = chain(6, 3, 0.25)
     params = params_of(blocks)
@@ -381,6 +389,7 @@ def test_backward_twice_with_retain_graph():
 
 
 # -- random generators and stateful layers ------------------------------------------
+@pytest.mark.equivalence
 def test_default_generator_left_where_it_would_have_been():
     blocks = [nn.Sequential(nn.Linear(4, 4, dtype=F64, rng=numpy.random.default_rng(i)), nn.Dropout(0.5))
               for i in range(3)]
@@ -403,6 +412,7 @@ def test_without_preserve_rng_state_masks_differ_and_check_values_says_so():
         y.sum().backward()
 
 
+@pytest.mark.equivalence
 def test_batchnorm_running_stats_updated_once():
     def make():
         init = numpy.random.default_rng(0)
@@ -527,6 +537,7 @@ def test_bad_segments_are_clear_errors():
 
 
 # -- one switch for every chain of layers --------------------------------------------------
+@pytest.mark.equivalence
 def test_sequential_has_the_same_switch_as_the_models():
     blocks, _ = chain(depth=6, width=5, p_drop=0.0)
     model, x = nn.Sequential(*blocks), randn(3, 5, requires_grad=True)
@@ -555,6 +566,7 @@ def test_sequential_has_the_same_switch_as_the_models():
     assert model.checkpoint_segments == "every" and model.checkpoint_policy is None
 
 
+@pytest.mark.equivalence
 def test_a_model_of_your_own_gets_the_switch_by_naming_its_chain():
     class Tower(ChainCheckpointing, nn.Module):  # a user's model: two Linear layers with a Tanh between
         def __init__(self):

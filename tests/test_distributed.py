@@ -102,6 +102,7 @@ CHECKPOINTING = [False, pytest.param(True, marks=pytest.mark.skipif(
     reason="gradient checkpointing has not landed yet (GPT.gradient_checkpointing_enable is missing)"))]
 
 
+@pytest.mark.equivalence
 @needs_mpi
 @pytest.mark.parametrize("checkpointing", CHECKPOINTING, ids=["plain", "checkpointing"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -121,6 +122,7 @@ def test_two_ranks_equal_one_process_with_the_whole_effective_batch(launched, ca
     assert ranks[0]["reads"] and ranks[1]["reads"]
 
 
+@pytest.mark.equivalence
 @needs_mpi
 def test_two_ranks_on_a_device_copy_to_the_host_explicitly_and_still_agree(launched):
     # device 'cuda' backed by the strict CuPy stand-in: any implicit host copy would be an error
@@ -240,6 +242,7 @@ def test_an_mpiexec_from_another_mpi_is_named():
 
 
 # -- the command line ------------------------------------------------------------------------
+@pytest.mark.equivalence
 @needs_mpi
 def test_train_command_under_mpiexec_matches_one_process_and_only_rank_0_prints(tmp_path, capsys):
     text = tmp_path / "tiny.txt"
@@ -283,6 +286,7 @@ def test_world_size_from_the_launchers_environment():
     assert distributed.world_size_from_environment({"OMPI_COMM_WORLD_SIZE": "3"}) == 3  # Open MPI
 
 
+@pytest.mark.equivalence
 def test_bucketed_buffers_are_views_of_one_flat_array_and_accumulate_the_same():
     def accumulate_two(acc, model):
         for seed in (1, 2):

@@ -17,6 +17,9 @@ from tinygrad_ckpt.schedules import (
     LayerCost, Plan, describe, measure_layers, minimum_budget, plan_checkpoints, predict, revolve,
     revolve_recomputations, segment_bounds,
 )
+from tinygrad_ckpt.testing.strategies import layer_costs
+
+from .conftest import examples
 
 # The cost model counts the same buffers memory.py does, so on these chains
 # (no layer saves its own output) prediction and measurement agree exactly;
@@ -54,7 +57,7 @@ def mlp_chain(depth, width, batch, dtype=numpy.float32, input_grad=False):
     return model, layers, x
 
 
-@settings(max_examples=6)
+@settings(max_examples=examples(6))
 @given(depth=st.integers(2, 24), width=st.sampled_from([4, 16]), batch=st.integers(1, 4),
        how=st.sampled_from(["sqrt", "every", 3, "plan50", "plan25"]))
 def test_measured_peak_is_the_predicted_one(depth, width, batch, how):
@@ -99,13 +102,7 @@ def all_plans(n):
             yield [(a, b, f) for (a, b), f in zip(pairs, flags)]
 
 
-layer_costs = st.builds(
-    LayerCost, name=st.just("layer"), input_bytes=st.integers(1, 50), saved_bytes=st.integers(0, 200),
-    saves_input=st.booleans(), output_bytes=st.just(0), seconds=st.integers(1, 9).map(float),
-)
-
-
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(costs=st.lists(layer_costs, min_size=1, max_size=6), fraction=st.floats(0.0, 1.0),
        after=st.sampled_from([0, 0, 30, 300]))
 def test_single_level_planner_matches_brute_force(costs, fraction, after):
@@ -214,7 +211,8 @@ def mlp_grads(layers, model, x, segments):
     return [p.grad.numpy().copy() for p in model.parameters()] + [x.grad.numpy().copy()]
 
 
-@settings(max_examples=8)
+@pytest.mark.equivalence
+@settings(max_examples=examples(8))
 @given(depth=st.integers(1, 14), slots=st.integers(0, 4), batch=st.integers(1, 3), last_checkpointed=st.booleans())
 def test_revolve_gradients_equal_plain_and_peak_is_predicted(depth, slots, batch, last_checkpointed):
     model, layers, x = mlp_chain(depth, 8, batch, numpy.float64, input_grad=True)
@@ -249,7 +247,7 @@ def test_the_planner_goes_below_the_single_level_minimum_with_a_nested_plan():
     assert minimum_budget(costs) < single
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(costs=st.lists(layer_costs, min_size=1, max_size=10), fraction=st.floats(0.0, 1.0),
        after=st.sampled_from([0, 100]))
 def test_nested_planning_never_recomputes_more_than_single_level(costs, fraction, after):

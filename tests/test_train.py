@@ -147,6 +147,7 @@ def test_epochs_and_the_short_last_group():
 
 
 # -- the split does not change the run --------------------------------------------
+@pytest.mark.equivalence
 @pytest.mark.parametrize("optim", ["sgd", "adamw"])
 def test_same_examples_and_same_updates_however_the_effective_batch_is_split(optim):
     # effective batch 8; 25 examples -> steps of 8, 8, 8, 1 per epoch (a short last group)
@@ -292,6 +293,7 @@ def test_training_on_a_device_never_copies_to_the_host_behind_our_back(tmp_path)
         backend.set_cuda_module(previous)
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("kwargs", [None, {"segments": "every", "policy": "selective_attention"},
                                     {"segments": [1], "policy": "save_matmuls"},
                                     {"segments": "every", "policy": "selective_attention", "split_blocks": True}])

@@ -5,6 +5,7 @@
     tinygrad-ckpt train --data my.txt --max-steps 500 --output-dir out --save-steps 50
     tinygrad-ckpt train --output-dir out --save-steps 50 --resume   # continue from out's newest good checkpoint
     mpiexec -n 2 tinygrad-ckpt train ...                  # data parallel: 2 processes (distributed.py)
+    tinygrad-ckpt verify                                  # every strategy changes no gradient (testing/verify.py)
 
 Each subcommand is a parser (its flags) and a function run(args). The train
 command's training flags are generated from TrainingArguments' fields: each
@@ -42,6 +43,7 @@ from .data import load_char_datasets
 from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
 from .nn.module import LoadStateDictError
+from .testing import verify
 from .train import TrainingArguments, Trainer
 
 # The default run: a 3-layer character GPT (348k parameters) on the embedded
@@ -259,7 +261,12 @@ def build_parser():
                                      allow_abbrev=False)
     fit.add_arguments(fit_parser)
     fit_parser.set_defaults(run=fit.run)
-    parser.subcommands = {"train": train, "bench": bench_parser, "fit": fit_parser}
+    verify_parser = commands.add_parser("verify", help="check every checkpointing and accumulation strategy "
+                                        "against the plain gradients: one table", description=verify.DESCRIPTION,
+                                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    verify.add_arguments(verify_parser)
+    verify_parser.set_defaults(run=verify.run)
+    parser.subcommands = {"train": train, "bench": bench_parser, "fit": fit_parser, "verify": verify_parser}
     for subcommand in parser.subcommands.values():
         subcommand.add_argument("--debug", action="store_true",
                                 help="show the full traceback of an error, not only its one-line message")

@@ -1,7 +1,8 @@
 """How the instruments hand over what they measured: Markdown tables, and files written atomically.
 
-One table renderer (`markdown_table`) for every table the bench and the
-comparison print, so what is printed is what is written; MiB figures
+One table renderer (`markdown_table`) for every table the bench, the
+comparison and the equivalence checks (testing/) print, so what is printed
+is what is written; MiB figures
 formatted one way (`mib`); and results files written through the package's
 one atomic writer (serialization.atomic_write), so an interrupted run never
 leaves half a file in place of a good one.
