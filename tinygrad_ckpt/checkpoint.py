@@ -301,10 +301,10 @@ class _Segment:
 
         (counter, version, what, array) entries, checked by tape.check_versions.
         """
-        entries = [(counter, version, f"input {i} of checkpoint segment '{self.name}'", a)
+        entries = [(counter, version, f"input {i} of checkpoint segment '{self.name}'", (a.dtype, a.shape))
                    for i, ((counter, version, _), a) in enumerate(zip(self.inputs, arrays))]
         entries += [(p._version_counter, version, f"a parameter read by checkpoint segment '{self.name}' "
-                     "(call backward before optimizer.step())", p.data)
+                     "(call backward before optimizer.step())", (p.dtype, p.shape))
                     for p, version in zip(self.params, self.param_versions)]
         return tuple(entries)
 
