@@ -240,9 +240,12 @@ def test_save_matmuls_does_not_recompute_matmuls(monkeypatch):
         counts[policy] = {k: calls[k] - forward[k] for k in calls}  # forward runs in backward
         for k in calls:
             calls[k] = 0
-    # Per block: 4 Linear, 2 MatMul. Full recompute runs them all again; save_matmuls none;
-    # selective_attention only the attention core's two MatMuls.
-    assert counts[None] == {"Linear": 8, "MatMul": 4}
+    # Per block: 4 Linear, 2 MatMul. Without a policy the recompute runs all but the block's
+    # last Linear again: it saved only its input (GELU's output) and its weight, and what
+    # follows it (dropout, whose mask is an input, and the residual add) needs its result
+    # in no saved array, so its record is rebuilt without running it. save_matmuls runs
+    # none; selective_attention only the attention core's two MatMuls.
+    assert counts[None] == {"Linear": 6, "MatMul": 4}
     assert counts[policies.save_matmuls] == {"Linear": 0, "MatMul": 0}
     assert counts[policies.selective_attention] == {"Linear": 0, "MatMul": 4}
 
@@ -395,11 +398,15 @@ def test_default_generator_left_where_it_would_have_been():
     assert states[1] == states[0]
 
 
-def test_without_preserve_rng_state_masks_differ_and_check_values_says_so():
+def test_without_preserve_rng_state_masks_differ_and_the_values_check_says_so():
     block = nn.Sequential(nn.Linear(8, 8, dtype=F64, rng=numpy.random.default_rng(0)), nn.Dropout(0.5))
     x = randn(16, 8, requires_grad=True)
-    y = checkpoint(block, x, preserve_rng_state=False, check_values=True)
+    y = checkpoint(block, x, preserve_rng_state=False, determinism_check="values")
     with pytest.raises(RuntimeError, match=r"recompute of segment 'Sequential' gave other values for output 0"):
+        y.sum().backward()
+    with pytest.warns(DeprecationWarning, match="determinism_check='values'"):  # the old name still works
+        y = checkpoint(block, x, preserve_rng_state=False, check_values=True)
+    with pytest.raises(RuntimeError, match=r"gave other values for output 0"):
         y.sum().backward()
 
 
@@ -447,7 +454,9 @@ def test_recompute_with_another_dtype_is_an_error():
         return x * 2.0 if len(calls) == 1 else (x * 2.0).to(numpy.float32)
 
     y = checkpoint(caster, randn(3, requires_grad=True))
-    with pytest.raises(RuntimeError, match=r"dtype float32, but its forward returned shape \(3,\), dtype float64"):
+    # The recompute calls one op more than the forward (the cast): caught as it is called.
+    with pytest.raises(RuntimeError, match=r"recompute of segment '.*caster' ran Cast as op #1, where its forward "
+                                           r"ran nothing more"):
         y.sum().backward()
 
 
@@ -470,24 +479,6 @@ def test_parameter_modified_in_place_is_an_error():
     with pytest.raises(RuntimeError, match=r"\[float64 tensor of shape \(3, 3\)\], which is a parameter read by "
                                            r"checkpoint segment 'Linear' \(call backward before optimizer.step\(\)\)"):
         y.sum().backward()
-
-
-def test_a_tensor_from_outside_not_passed_as_argument_is_an_error():
-    h = randn(2, 2, requires_grad=True) * 2.0
-    with pytest.raises(RuntimeError, match=r"reads a tensor of shape \(2, 2\) that requires grad and was computed "
-                                           r"outside the segment.*Pass it to checkpoint\(\) as an argument"):
-        checkpoint(lambda x: x + h, randn(2, 2))
-
-
-def test_non_tensor_output_is_an_error():
-    with pytest.raises(TypeError, match=r"segment '.*' returned float as output 1; a checkpointed function must return"):
-        checkpoint(lambda x: (x * 2.0, 3.0), randn(2, requires_grad=True))
-
-
-def test_integer_output_is_an_error():
-    with pytest.raises(TypeError, match=r"returned output 1 of dtype int64; the outputs of a segment that needs "
-                                        r"gradients must be floating point"):
-        checkpoint(lambda x: (x * 2.0, x.argmax()), randn(3, requires_grad=True))
 
 
 def test_bad_policy_decision_is_an_error():
