@@ -314,6 +314,7 @@ class _Segment:
     def __init__(self, fn, args, kwargs, policy, options):
         self.fn = fn
         self.name = getattr(fn, "name", None) or getattr(fn, "__qualname__", None) or type(fn).__name__
+        self.args, self.kwargs = args, kwargs  # for the forward only (dropped after it)
         self.template, self.inputs = _flatten((args, kwargs))  # the arguments, tensors taken out
         self.preserve_rng_state = options["preserve_rng_state"]
         self.determinism_check, self.debug = options["determinism_check"], options["debug"]
@@ -340,7 +341,8 @@ class _Segment:
             random._observers.append(observed)
         try:
             with tape.recording(watch):
-                returned = self.call(self.inputs)
+                returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
+            self.args = self.kwargs = None
         finally:
             if self.preserve_rng_state:
                 random._observers.pop()  # ours: observers nest like the segments
@@ -495,7 +497,9 @@ _TENSOR = object()  # where a tensor was, in a structure with its tensors taken 
 def _flatten(value):
     """(the structure with each Tensor replaced by a placeholder, the Tensors in order).
 
-    Tuples, lists and dicts are walked (nested); anything else is a leaf.
+    Tuples, lists and dicts are walked (nested); anything else is a leaf. A
+    container with no tensor inside is kept as it is, the same object, so a
+    list the function appends to is the caller's list in the recompute too.
     """
     tensors = []
     return _take_tensors(value, tensors), tensors
@@ -505,19 +509,24 @@ def _take_tensors(v, tensors):
     if isinstance(v, Tensor):
         tensors.append(v)
         return _TENSOR
+    before = len(tensors)
     if isinstance(v, tuple) and hasattr(v, "_fields"):  # a namedtuple keeps its type
-        return type(v)(*(_take_tensors(x, tensors) for x in v))
-    if isinstance(v, (tuple, list)):
-        return type(v)(_take_tensors(x, tensors) for x in v)
-    if isinstance(v, dict):
-        return type(v)((k, _take_tensors(x, tensors)) for k, x in v.items())
-    return v
+        out = type(v)(*(_take_tensors(x, tensors) for x in v))
+    elif isinstance(v, (tuple, list)):
+        out = type(v)(_take_tensors(x, tensors) for x in v)
+    elif isinstance(v, dict):
+        out = type(v)((k, _take_tensors(x, tensors)) for k, x in v.items())
+    else:
+        return v
+    return out if len(tensors) > before else v
 
 
 def _unflatten(template, tensors):
     """The structure back, with the next of `tensors` at each placeholder."""
     if template is _TENSOR:
         return next(tensors)
+    if not _holds_tensors(template):
+        return template  # the caller's own object
     if isinstance(template, tuple) and hasattr(template, "_fields"):
         return type(template)(*(_unflatten(x, tensors) for x in template))
     if isinstance(template, (tuple, list)):
@@ -525,6 +534,16 @@ def _unflatten(template, tensors):
     if isinstance(template, dict):
         return type(template)((k, _unflatten(x, tensors)) for k, x in template.items())
     return template
+
+
+def _holds_tensors(template):
+    if template is _TENSOR:
+        return True
+    if isinstance(template, (tuple, list)):
+        return any(_holds_tensors(x) for x in template)
+    if isinstance(template, dict):
+        return any(_holds_tensors(x) for x in template.values())
+    return False
 
 
 # -- the switch of a model that runs a chain of layers ------------------------------

@@ -181,10 +181,11 @@ class SegmentTape(tape.Tape):
 class RecomputePlan:
     """Per op: RUN, KEEP, REBUILD or SKIP; the stop; the outputs held for records rebuilt after it."""
 
-    def __init__(self, actions, stop, hold):
+    def __init__(self, actions, stop, hold, rebuilt):
         self.actions = actions
         self.stop = stop  # the last op the recompute reaches (-1: the segment is not called at all)
         self.hold = hold  # {op index: {output index}}: values a record rebuilt after the stop needs
+        self.rebuilt = rebuilt  # the ops after the stop whose records are rebuilt (their backward runs)
 
     @property
     def recomputed(self):
@@ -194,7 +195,7 @@ class RecomputePlan:
 
 def full_plan(notes):
     """Everything again, as a checkpoint without early stop does (what a policy kept is replayed)."""
-    return RecomputePlan([KEEP if n.kept is not None else RUN for n in notes], len(notes) - 1, {})
+    return RecomputePlan([KEEP if n.kept is not None else RUN for n in notes], len(notes) - 1, {}, [])
 
 
 def make_plan(notes, outputs):
@@ -226,13 +227,12 @@ def make_plan(notes, outputs):
     forced = {j for j in returned if j <= stop and actions[j] not in (RUN, KEEP)}
     if forced:
         actions, stop = _assign(notes, backward_runs, forced)
-    hold = {}
-    for j in range(stop + 1, n):
-        if backward_runs[j]:
-            for origin in _needed_inputs(notes[j], actions[j]):
-                if origin is not None and origin[0] == "op" and actions[origin[1]] == RUN:
-                    hold.setdefault(origin[1], set()).add(origin[2])
-    return RecomputePlan(actions, stop, hold)
+    hold, rebuilt = {}, [j for j in range(stop + 1, n) if backward_runs[j]]
+    for j in rebuilt:
+        for origin in _needed_inputs(notes[j], actions[j]):
+            if origin is not None and origin[0] == "op" and actions[origin[1]] == RUN:
+                hold.setdefault(origin[1], set()).add(origin[2])
+    return RecomputePlan(actions, stop, hold, rebuilt)
 
 
 def _assign(notes, backward_runs, forced):
@@ -331,6 +331,8 @@ class RecomputeTape(tape.Tape):
             if action == REBUILD:
                 ctx.__dict__.update(_facts(note.node.ctx))
                 ctx.save_for_backward(*self._saved(note, lambda i: arrays[i], options))
+                if self.segment.check_meta:
+                    self._check_saved(note, ctx)
             else:
                 ctx.needs_input_grad = (False,) * len(arrays)  # SKIP: no backward reaches it
             out = self._placeholders(note)
@@ -352,10 +354,8 @@ class RecomputeTape(tape.Tape):
         if self.segment.check_ops and (self.position <= self.plan.stop or
                                        (returned and self.position != len(self.notes))):
             self.segment.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
-        for j in range(self.plan.stop + 1, len(self.notes)):
+        for j in self.plan.rebuilt:
             note = self.notes[j]
-            if note.node is None or self.plan.actions[j] == SKIP:
-                continue
             ctx = function.Context(note.name, note.needs_input_grad)
             if self.plan.actions[j] == KEEP:
                 note.kept.replay(ctx, lambda i, note=note: self._value(note.inputs[i]), {},
