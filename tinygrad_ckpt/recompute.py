@@ -52,6 +52,7 @@ what a policy keeps (policies.py), the walk (tape.py).
 import weakref
 
 from . import backend, function, memory, tape
+from .ops.flops import op_flops
 from .policies import RECOMPUTE, decide
 
 RUN, KEEP, REBUILD, SKIP = "run", "keep", "rebuild", "skip"
@@ -198,7 +199,7 @@ def full_plan(notes):
     return RecomputePlan([KEEP if n.kept is not None else RUN for n in notes], len(notes) - 1, {}, [])
 
 
-def make_plan(notes, outputs):
+def make_plan(notes, outputs, keep_outputs=False):
     """The plan for a segment whose forward made `notes`; outputs: (origin, requires_grad) per output.
 
     Walked from the last op to the first: an op's backward runs if a
@@ -207,7 +208,9 @@ def make_plan(notes, outputs):
     REBUILT from its note, or it is SKIPPED. An op must be reached (called by
     the segment's code) if it runs, or if what it saved includes an option
     or a constant that only the code can make again. Ops whose outputs are
-    the segment's run if reached, so that what the code returns is real.
+    the segment's run if reached, so that what the code returns is real;
+    keep_outputs: they always run (the plan of a layer inside a segment,
+    whose result the next layer needs: schedules.measure_layers).
     """
     n = len(notes)
     reaches = [set() for _ in range(n)]  # per op: which of its outputs a gradient reaches
@@ -223,10 +226,13 @@ def make_plan(notes, outputs):
             if needs and origin is not None and origin[0] == "op":
                 reaches[origin[1]].add(origin[2])
     returned = {o[1] for o, _ in outputs if o is not None and o[0] == "op"}
-    actions, stop = _assign(notes, backward_runs, set())
-    forced = {j for j in returned if j <= stop and actions[j] not in (RUN, KEEP)}
-    if forced:
-        actions, stop = _assign(notes, backward_runs, forced)
+    if keep_outputs:
+        actions, stop = _assign(notes, backward_runs, returned)
+    else:
+        actions, stop = _assign(notes, backward_runs, set())
+        forced = {j for j in returned if j <= stop and actions[j] not in (RUN, KEEP)}
+        if forced:
+            actions, stop = _assign(notes, backward_runs, forced)
     hold, rebuilt = {}, [j for j in range(stop + 1, n) if backward_runs[j]]
     for j in rebuilt:
         for origin in _needed_inputs(notes[j], actions[j]):
@@ -276,6 +282,40 @@ def _needed_inputs(note, action):
     if action == RUN:
         return list(note.inputs)
     return [note.inputs[ref[1]] for ref in note.saved if ref is not None and ref[0] == "input"]
+
+
+def recompute_shares(fn, x):
+    """What a checkpoint's recompute runs of fn(x), as shares of its forward's FLOPs.
+
+    (inside, last): when fn is a layer inside a checkpointed segment (its
+    result is needed by the next layer), and when it is the segment's last
+    layer, where the recompute stops early. Counted from the plan of one
+    traced forward (ops/flops.py), not measured. For the cost model of
+    schedules.py.
+    """
+    watch = SegmentTape(_Traced(), [x])
+    with tape.recording(watch):
+        out = fn(x)
+    notes, origin = watch.notes, [(watch.origin_of_output(out), out.requires_grad)]
+    watch.close()
+    total = sum(_flops(n) for n in notes)
+    if not total:
+        return 1.0, 1.0
+    shares = []
+    for keep_outputs in (True, False):
+        plan = make_plan(notes, origin, keep_outputs)
+        shares.append(sum(_flops(n) for n, a in zip(notes, plan.actions) if a == RUN) / total)
+    return tuple(shares)
+
+
+class _Traced:
+    """The little a SegmentTape asks of its segment, for a trace that is no checkpoint."""
+
+    name, stash = "a layer being measured", None
+
+
+def _flops(note):
+    return op_flops(note.name, [m[0] for m in note.input_meta], note.shapes)
 
 
 # -- the backward: the recompute tape ----------------------------------------------------
