@@ -657,3 +657,46 @@ def test_checkpointed_equals_plain_whatever_goes_in_and_out(inputs, output, hook
     assert_same(results[1][0], results[0][0])
     assert_same(results[1][1], results[0][1])
     layer.weight._hooks = None
+
+
+# -- Hugging Face's snippets, as pasted ---------------------------------------------------
+def test_gradient_checkpointing_kwargs_use_reentrant_false_works_as_pasted():
+    from tinygrad_ckpt.nn.mlp import MLP
+    from tinygrad_ckpt.nn.transformer import GPT, GPTConfig
+
+    gpt = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8, dropout=0.0),
+              rng=numpy.random.default_rng(0),
+              dtype=F64)
+    idx = numpy.random.default_rng(1).integers(0, 11, (2, 8))
+    _, loss = gpt(idx, idx)
+    loss.backward()
+    plain = grads(list(gpt.parameters()))
+    gpt.zero_grad()
+    gpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert gpt.checkpoint_segments == "every" and gpt.checkpoint_options["determinism_check"] == "default"
+    _, loss = gpt(idx, idx)
+    loss.backward()
+    assert_same(grads(list(gpt.parameters())), plain)
+    gpt.gradient_checkpointing_enable({"use_reentrant": False, "segments": "sqrt", "split_blocks": True})
+    assert gpt.checkpoint_split_blocks and gpt.checkpoint_segments == "sqrt"
+    for model in (MLP(2, 2, 2, n_layers=2), nn.Sequential(nn.Linear(2, 2), nn.GELU())):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, early_stop=False)
+        assert model.checkpoint_options["early_stop"] is False
+        with pytest.raises(ValueError, match="use_reentrant=True asks for PyTorch's reentrant checkpoint"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        assert model.checkpoint_options["early_stop"] is False  # a refused call changed nothing
+        with pytest.raises(TypeError, match="unknown argument\\(s\\) context_fn"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"context_fn": None})
+
+
+@pytest.mark.backends("numpy")
+def test_training_arguments_take_use_reentrant_false_and_explain_true():
+    from tinygrad_ckpt.train import TrainingArguments
+
+    args = TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    with pytest.raises(ValueError, match=r"gradient_checkpointing_kwargs\['use_reentrant'\]: use_reentrant=True asks "
+                                         r"for PyTorch's reentrant checkpoint.*non-reentrant kind"):
+        TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(ValueError, match=r"\['use_reentrant'\] must be false, got 'no'"):
+        TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": "no"})
