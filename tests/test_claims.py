@@ -100,6 +100,45 @@ def test_torch_non_reentrant_checkpoint_stops_the_recompute_early(torch):
         assert calls == ["tail"] * runs_of_tail
 
 
+def test_torch_default_determinism_check_misses_another_path_to_same_shaped_saved_tensors(torch):
+    """exp in the forward (saves its output), sin in the recompute (saves its input): same shapes,
+    so torch 2.13's default check passes, and the gradient is sin's rule on exp's record: wrong."""
+    ckpt = torch_checkpoint(torch)
+    x = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    calls = []
+
+    def segment(t):
+        calls.append(1)
+        return t.exp() if len(calls) == 1 else t.sin()
+
+    ckpt(segment, x, use_reentrant=False).sum().backward()  # no error
+    assert not torch.allclose(x.grad, torch.exp(x.detach()))  # the right gradient of exp is exp
+    assert torch.allclose(x.grad, x.detach())  # exp's backward, grad * output, fed sin's saved input
+
+
+def test_ours_names_the_two_ops_when_the_recompute_takes_another_path():
+    from tinygrad_ckpt.checkpoint import CheckpointError
+
+    x = Tensor(numpy.array([0.5, 1.0, 2.0]), requires_grad=True)
+    calls = []
+
+    def segment(t):
+        calls.append(1)
+        return t.exp() if len(calls) == 1 else t.tanh()  # tanh: this engine has no sin
+
+    y = checkpoint(segment, x)
+    with pytest.raises(CheckpointError, match="ran Tanh as op #0, where its forward ran Exp"):
+        y.sum().backward()
+
+
+def test_ours_accepts_use_reentrant_false_and_explains_true():
+    x = Tensor(numpy.ones(3), requires_grad=True)
+    checkpoint(lambda t: t.exp(), x, use_reentrant=False).sum().backward()
+    numpy.testing.assert_allclose(x.grad.numpy(), numpy.exp(numpy.ones(3)))
+    with pytest.raises(ValueError, match="This engine's checkpoint is the non-reentrant kind"):
+        checkpoint(lambda t: t.exp(), x, use_reentrant=True)
+
+
 def test_torch_default_is_reentrant_with_a_warning(torch):
     if not torch.__version__.startswith(TORCH_DESCRIBED):
         pytest.skip(f"the text describes torch {TORCH_DESCRIBED}'s default; torch {torch.__version__} is installed")

@@ -414,7 +414,8 @@ class _Segment:
                     returned = True
                 except StopRecompute:
                     pass
-        fresh.finish(returned)
+        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
+            fresh.finish(returned)
         if returned:
             self.check_outputs(_flatten(outputs)[1])
         return fresh
