@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tinygrad_ckpt import Tensor, memory, nn, no_grad, policies, random, tape
+from tinygrad_ckpt import Tensor, autograd, memory, nn, no_grad, policies, random, tape
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt.checkpoint import ChainCheckpointing, checkpoint, checkpoint_sequential, is_recomputing
 from tinygrad_ckpt.nn.mlp import MLP
@@ -88,10 +88,14 @@ POLICIES = [None, policies.nothing_saveable, policies.save_matmuls, policies.eve
 @given(depth=st.integers(1, 5), width=st.integers(1, 4), batch=st.integers(1, 3),
        segments=st.one_of(st.integers(1, 5), st.sampled_from(["sqrt", "every", "revolve0", "revolve1"])),
        p_drop=st.sampled_from([0.0, 0.3]), policy=st.sampled_from(POLICIES),
-       input_grad=st.booleans(), seed=st.integers(0, 2**16))
-@example(depth=5, width=3, batch=2, segments="revolve0", p_drop=0.3, policy=None, input_grad=True, seed=1)
-@example(depth=5, width=3, batch=2, segments="revolve1", p_drop=0.3, policy=None, input_grad=False, seed=2)
-def test_chain_gradients_equal_without_checkpointing(depth, width, batch, segments, p_drop, policy, input_grad, seed):
+       input_grad=st.booleans(), early_stop=st.booleans(), call=st.sampled_from(["backward", "grad", "inputs"]),
+       seed=st.integers(0, 2**16))
+@example(depth=5, width=3, batch=2, segments="revolve0", p_drop=0.3, policy=None, input_grad=True, early_stop=True,
+         call="backward", seed=1)
+@example(depth=5, width=3, batch=2, segments="revolve1", p_drop=0.3, policy=None, input_grad=False, early_stop=True,
+         call="grad", seed=2)
+def test_chain_gradients_equal_without_checkpointing(depth, width, batch, segments, p_drop, policy, input_grad,
+                                                      early_stop, call, seed):
     segments = min(segments, depth) if isinstance(segments, int) else segments
     if isinstance(segments, str) and segments.startswith("revolve"):  # nested: some layers recomputed twice or more
         segments = revolve(depth, min(int(segments[-1]), max(depth - 2, 0)))
@@ -103,8 +107,21 @@ def test_chain_gradients_equal_without_checkpointing(depth, width, batch, segmen
         drop_rng.bit_generator.state = start
         zero(params)
         x = randn(batch, width, seed=seed, requires_grad=input_grad)
-        (run_chain(blocks, x, segs, policy) ** 2).sum().backward()
-        results.append((grads(params + [x]), drop_rng.bit_generator.state))
+        out = run_chain(blocks, x, segs, policy) if segs is None else \
+            checkpoint_sequential(blocks, segs, x, policy=policy, early_stop=early_stop)
+        loss = (out ** 2).sum()
+        wrt = params[::2] + ([x] if input_grad else [])  # the weights (and x): a subset, for grad() and inputs=
+        if call == "grad":  # the same gradients, returned, .grad untouched
+            got = [g.numpy() for g in autograd.grad(loss, wrt)]
+            assert all(p.grad is None for p in params)
+        elif call == "inputs":  # only the tensors named get a .grad
+            loss.backward(inputs=wrt)
+            got = grads(wrt)
+            assert all(p.grad is None for p in params[1::2])
+        else:
+            loss.backward()
+            got = grads(params + [x])
+        results.append((got, drop_rng.bit_generator.state))
     assert_same_grads(results[1][0], results[0][0])
     assert results[1][1] == results[0][1]  # the dropout generator ends where it would have
 
@@ -119,10 +136,11 @@ def tiny_gpt(n_layer, dropout, seed=0, dtype=F64):
 @given(n_layer=st.integers(1, 4), T=st.integers(2, 8), dropout=st.sampled_from([0.0, 0.2]),
        segments=st.sampled_from(["every", "sqrt", 1, "revolve0"]),
        policy=st.sampled_from([None, policies.selective_attention, policies.save_matmuls, user_policy]),
-       split=st.booleans(), seed=st.integers(0, 2**16))
-@example(n_layer=4, T=8, dropout=0.2, segments="revolve0", policy=None, split=False, seed=3)
-@example(n_layer=2, T=8, dropout=0.2, segments="every", policy=policies.selective_attention, split=True, seed=4)
-def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments, policy, split, seed):
+       split=st.booleans(), early_stop=st.booleans(), seed=st.integers(0, 2**16))
+@example(n_layer=4, T=8, dropout=0.2, segments="revolve0", policy=None, split=False, early_stop=True, seed=3)
+@example(n_layer=2, T=8, dropout=0.2, segments="every", policy=policies.selective_attention, split=True,
+         early_stop=True, seed=4)
+def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments, policy, split, early_stop, seed):
     if segments == "revolve0":  # nested: block 0 recomputed n_layer - 1 times, dropout masks each time the same
         segments = revolve(n_layer * (2 if split else 1), 0)
     model, gen = tiny_gpt(n_layer, dropout, seed)
@@ -133,7 +151,7 @@ def test_gpt_gradients_equal_without_checkpointing(n_layer, T, dropout, segments
         gen.bit_generator.state = start
         model.zero_grad()
         if enable:
-            model.gradient_checkpointing_enable(segments, policy=policy, split_blocks=split)
+            model.gradient_checkpointing_enable(segments, policy=policy, split_blocks=split, early_stop=early_stop)
         else:
             model.gradient_checkpointing_disable()
         _, loss = model(idx, idx)

@@ -700,3 +700,20 @@ def test_training_arguments_take_use_reentrant_false_and_explain_true():
         TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
     with pytest.raises(ValueError, match=r"\['use_reentrant'\] must be false, got 'no'"):
         TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": "no"})
+
+
+def test_checkpoint_sequential_takes_the_checkpoints_keywords():
+    blocks = [nn.Sequential(nn.Linear(3, 3, dtype=F64, rng=numpy.random.default_rng(i)), nn.GELU()) for i in range(4)]
+    x = randn(2, 3, requires_grad=True)
+    results = []
+    for options in ({}, dict(early_stop=False, determinism_check="values", debug=True, use_reentrant=False)):
+        x.grad = None
+        for b in blocks:
+            b.zero_grad()
+        checkpoint_sequential(blocks, 2, x, **options).sum().backward()
+        results.append(grads([x] + [p for b in blocks for p in b.parameters()]))
+    assert_same(results[1], results[0])
+    with pytest.raises(TypeError, match="checkpoint_sequential: unknown keyword\\(s\\) context_fn"):
+        checkpoint_sequential(blocks, 2, x, context_fn=None)
+    with pytest.raises(ValueError, match="use_reentrant=True"):
+        checkpoint_sequential(blocks, 2, x, use_reentrant=True)

@@ -126,6 +126,7 @@ def _recompute():
 
 
 DETERMINISM_CHECKS = ("default", "values", "none")
+OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")  # with use_reentrant: PyTorch's
 
 
 def check_options(use_reentrant=None, preserve_rng_state=True, determinism_check="default", debug=False,
@@ -211,6 +212,10 @@ def checkpoint_sequential(functions, segments, input, use_reentrant=None, policy
     that pays). A policy applies to the outermost segments only. options:
     checkpoint()'s preserve_rng_state, determinism_check, debug, early_stop.
     """
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise TypeError(f"checkpoint_sequential: unknown keyword(s) {', '.join(sorted(unknown))}; it takes "
+                        f"use_reentrant, policy, {', '.join(OPTIONS)}")
     options = check_options(use_reentrant, **options)
     functions = list(functions)
     return _run_segments(functions, segment_bounds(len(functions), segments), input, {**options, "policy": policy})
@@ -598,8 +603,7 @@ class ChainCheckpointing:
         """Check everything (segments for a chain of n_layers, policy, checkpoint options), then switch on."""
         segment_bounds(n_layers, segments)
         policy = policies.resolve(policy)
-        unknown = set(options or {}) - {"use_reentrant", "preserve_rng_state", "determinism_check", "debug",
-                                        "early_stop"}
+        unknown = set(options or {}) - {"use_reentrant", *OPTIONS}
         if unknown:
             raise TypeError(
                 f"gradient_checkpointing_enable: unknown argument(s) {', '.join(sorted(unknown))}; it takes "

@@ -411,7 +411,7 @@ class RecomputeTape(tape.Tape):
         self.held, self.kept_outputs = {}, {}
 
     def close(self):
-        """After the inner backward: the records no longer need to be held (they point back at this tape)."""
+        """Once the output edges are taken: the records hold each other now (and point back at this tape)."""
         self.by_position = self.held = self.kept_outputs = None
         self.inputs = self.outer_arrays = self.stashed = None
 

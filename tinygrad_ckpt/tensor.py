@@ -2,8 +2,9 @@
 
 Names and meanings follow PyTorch: `.data` is the backend array (NumPy or
 CuPy), `.grad` a Tensor or None, `.requires_grad`, `.shape`, `.dtype`,
-`.device`, `.numpy()`, `.item()`, `.detach()`, `.to(...)`, and
-`backward()`. The arithmetic methods are sugar: each calls one op's `apply`
+`.device`, `.numpy()`, `.item()`, `.detach()`, `.to(...)`,
+`backward(gradient, retain_graph, create_graph, inputs)` and
+`register_hook(hook)` (the walk keeps and calls the hooks: tape.py). The arithmetic methods are sugar: each calls one op's `apply`
 (ops/), so everything differentiable happens in the ops, and here there is
 only plumbing.
 
