@@ -717,3 +717,15 @@ def test_checkpoint_sequential_takes_the_checkpoints_keywords():
         checkpoint_sequential(blocks, 2, x, context_fn=None)
     with pytest.raises(ValueError, match="use_reentrant=True"):
         checkpoint_sequential(blocks, 2, x, use_reentrant=True)
+
+
+def test_a_backward_inside_the_checkpointed_function_is_a_clear_error():
+    """PyTorch's non-reentrant checkpoint allows it (its note "Nestable Checkpoint", Rule 6); one record per
+    segment cannot: the segment's forward keeps no records."""
+
+    def f(t):
+        (g,) = autograd.grad((t * t).sum(), t)
+        return g * t
+
+    with pytest.raises(RuntimeError, match="backward inside a checkpointed function's forward"):
+        checkpoint(f, randn(3, requires_grad=True))

@@ -280,6 +280,11 @@ def run_backward(tensors, grads, retain_graph=False, inputs=None, capture=False)
     """
     task = GradientTask(inputs, capture)
     records = [t._node for t in tensors if t._node is not None]
+    if any(r.index < 0 for r in records):
+        raise RuntimeError(
+            "backward inside a checkpointed function's forward: the segment's forward keeps no records "
+            "(a checkpoint records the whole segment as one, checkpoint.py), so there is nothing to walk. "
+            "Take the gradient outside the checkpoint, or do not checkpoint this function.")
     owner = records[0].tape if records else Tape()
     if any(r.tape is not owner for r in records):
         raise RuntimeError("backward: the outputs were recorded on different tapes; differentiate each "
