@@ -591,6 +591,10 @@ def test_grad_errors_and_options():
     numpy.testing.assert_allclose(gh.numpy(), 2 * h.numpy())
     (g2,) = autograd.grad([(x * 2.0).sum(), (x * 3.0).sum()], x, grad_outputs=[Tensor(1.0), Tensor(2.0)])
     numpy.testing.assert_allclose(g2.numpy(), [8.0] * 3)
+    h = x * 3.0
+    (h * h).sum().backward(inputs=[h])  # as PyTorch: the computed tensor's .grad, and nothing else
+    numpy.testing.assert_allclose(h.grad.numpy(), 2 * h.numpy())
+    assert x.grad is None
 
 
 # -- the hypothesis suite: structures, hooks and grad calls, checkpointed and not ----------
