@@ -100,6 +100,43 @@ def test_torch_non_reentrant_checkpoint_stops_the_recompute_early(torch):
         assert calls == ["tail"] * runs_of_tail
 
 
+def test_torch_early_stop_skips_the_last_op_of_a_block(torch):
+    """Linear, GELU, Linear, GELU: the recompute runs addmm, gelu, addmm; the last GELU saves its
+    input before it runs, which is where the recompute stops (tutorial 5: ours does the same)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpsRun(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    ckpt = torch_checkpoint(torch)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4), torch.nn.GELU())
+    forwards = {"aten.addmm.default", "aten.gelu.default"}
+    for early_stop, expected in ((True, ["addmm", "gelu", "addmm"]), (False, ["addmm", "gelu", "addmm", "gelu"])):
+        out = ckpt(block, torch.randn(2, 4, requires_grad=True), use_reentrant=False, early_stop=early_stop).sum()
+        with OpsRun() as ops:
+            out.backward()
+        assert [n.split(".")[1] for n in ops.names if n in forwards] == expected
+
+
+def test_ours_recompute_of_the_same_block_runs_the_same_ops():
+    from tinygrad_ckpt import memory
+
+    rng = numpy.random.default_rng(0)
+    block = nn.Sequential(nn.Linear(4, 4, rng=rng), nn.GELU(), nn.Linear(4, 4, rng=rng), nn.GELU())
+    for early_stop, expected in ((True, ["Linear", "GELU", "Linear"]), (False, ["Linear", "GELU", "Linear", "GELU"])):
+        out = checkpoint(block, Tensor(rng.standard_normal((2, 4), dtype=numpy.float32), requires_grad=True),
+                         early_stop=early_stop).sum()
+        with memory.timeline() as events:
+            out.backward()
+        assert [e["op"] for e in events if e["phase"] == "recompute" and "output_shapes" in e] == expected
+
+
 def test_torch_default_determinism_check_misses_another_path_to_same_shaped_saved_tensors(torch):
     """exp in the forward (saves its output), sin in the recompute (saves its input): same shapes,
     so torch 2.13's default check passes, and the gradient is sin's rule on exp's record: wrong."""
