@@ -733,3 +733,19 @@ def test_a_backward_inside_the_checkpointed_function_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="backward inside a checkpointed function's forward"):
         checkpoint(f, randn(3, requires_grad=True))
+
+
+def test_returning_a_parameter_or_a_tensor_from_outside_as_it_is():
+    results = []
+    for ckpt in (False, True):
+        w, c = randn(3, seed=1, requires_grad=True), randn(3, seed=2, requires_grad=True)
+        h = c * 2.0  # computed outside
+        x = randn(3, seed=3)  # needs no gradient
+
+        def f(t):
+            return w, h, t * w  # a leaf and a computed tensor returned untouched, beside a result
+
+        a, b, d = checkpoint(f, x) if ckpt else f(x)
+        (a.sum() * 2.0 + (b * b).sum() + d.sum()).backward()
+        results.append(grads([w, c]))
+    assert_same(results[1], results[0])

@@ -353,13 +353,13 @@ class _Segment:
                 random._observers.pop()  # ours: observers nest like the segments
         self.generators = observed
         self.notes = watch.notes
+        template, outputs = _flatten(returned)
+        self.out_origins = [(watch.origin_of_output(o), o.requires_grad) for o in outputs]
         self.outer = list(watch.outer.values())
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
         # The parameters are held (they live anyway); a computed tensor from outside is not: the record saves its array.
         self.params = [t if t.is_leaf else None for t in self.outer]
-        template, outputs = _flatten(returned)
-        self.out_origins = [(watch.origin_of_output(o), o.requires_grad) for o in outputs]
         watch.close()
         self.out_meta = [(o.shape, o.dtype) for o in outputs]
         self.out_requires_grad = [o.requires_grad for o in outputs]

@@ -171,8 +171,10 @@ class SegmentTape(tape.Tape):
         self.produced = self.outer = self.input_arrays = self.input_ids = self.notes = self.segment = None
 
     def origin_of_output(self, t):
-        """Where a segment output came from; a tensor from outside is noted as such."""
+        """Where a segment output came from; a tensor from outside that needs a gradient is one of its inputs."""
         where = self.origin(t.data)
+        if where is None and t.requires_grad and id(t) not in self.input_ids:  # returned as it is (a parameter)
+            self.outer.setdefault(id(t), t)
         if where is None and id(t) in self.outer:
             where = ("outer", list(self.outer).index(id(t)))
         return where
