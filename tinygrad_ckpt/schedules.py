@@ -244,6 +244,8 @@ def walk(costs, segments, P=0, input_held=False):
 
     A checkpointed segment's recompute costs its layers' recompute shares,
     the last one's share as a segment's last layer (`segment_recompute`).
+    Its bytes do not depend on how much it runs: a record the recompute
+    rebuilds without running its op saves the same arrays a run would.
 
     Backward walks the segments in reverse, so when a segment is recomputed
     the later ones are freed and the earlier ones still hold their bytes.
