@@ -100,6 +100,82 @@ def test_torch_non_reentrant_checkpoint_stops_the_recompute_early(torch):
         assert calls == ["tail"] * runs_of_tail
 
 
+def test_torch_early_stop_skips_the_last_op_of_a_block(torch):
+    """Linear, GELU, Linear, GELU: the recompute runs addmm, gelu, addmm; the last GELU saves its
+    input before it runs, which is where the recompute stops (tutorial 5: ours does the same)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpsRun(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    ckpt = torch_checkpoint(torch)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4), torch.nn.GELU())
+    forwards = {"aten.addmm.default", "aten.gelu.default"}
+    for early_stop, expected in ((True, ["addmm", "gelu", "addmm"]), (False, ["addmm", "gelu", "addmm", "gelu"])):
+        out = ckpt(block, torch.randn(2, 4, requires_grad=True), use_reentrant=False, early_stop=early_stop).sum()
+        with OpsRun() as ops:
+            out.backward()
+        assert [n.split(".")[1] for n in ops.names if n in forwards] == expected
+
+
+def test_ours_recompute_of_the_same_block_runs_the_same_ops():
+    from tinygrad_ckpt import memory
+
+    rng = numpy.random.default_rng(0)
+    block = nn.Sequential(nn.Linear(4, 4, rng=rng), nn.GELU(), nn.Linear(4, 4, rng=rng), nn.GELU())
+    for early_stop, expected in ((True, ["Linear", "GELU", "Linear"]), (False, ["Linear", "GELU", "Linear", "GELU"])):
+        out = checkpoint(block, Tensor(rng.standard_normal((2, 4), dtype=numpy.float32), requires_grad=True),
+                         early_stop=early_stop).sum()
+        with memory.timeline() as events:
+            out.backward()
+        assert [e["op"] for e in events if e["phase"] == "recompute" and "output_shapes" in e] == expected
+
+
+def test_torch_default_determinism_check_misses_another_path_to_same_shaped_saved_tensors(torch):
+    """exp in the forward (saves its output), sin in the recompute (saves its input): same shapes,
+    so torch 2.13's default check passes, and the gradient is sin's rule on exp's record: wrong."""
+    ckpt = torch_checkpoint(torch)
+    x = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    calls = []
+
+    def segment(t):
+        calls.append(1)
+        return t.exp() if len(calls) == 1 else t.sin()
+
+    ckpt(segment, x, use_reentrant=False).sum().backward()  # no error
+    assert not torch.allclose(x.grad, torch.exp(x.detach()))  # the right gradient of exp is exp
+    assert torch.allclose(x.grad, x.detach())  # exp's backward, grad * output, fed sin's saved input
+
+
+def test_ours_names_the_two_ops_when_the_recompute_takes_another_path():
+    from tinygrad_ckpt.checkpoint import CheckpointError
+
+    x = Tensor(numpy.array([0.5, 1.0, 2.0]), requires_grad=True)
+    calls = []
+
+    def segment(t):
+        calls.append(1)
+        return t.exp() if len(calls) == 1 else t.tanh()  # tanh: this engine has no sin
+
+    y = checkpoint(segment, x)
+    with pytest.raises(CheckpointError, match="ran Tanh as op #0, where its forward ran Exp"):
+        y.sum().backward()
+
+
+def test_ours_accepts_use_reentrant_false_and_explains_true():
+    x = Tensor(numpy.ones(3), requires_grad=True)
+    checkpoint(lambda t: t.exp(), x, use_reentrant=False).sum().backward()
+    numpy.testing.assert_allclose(x.grad.numpy(), numpy.exp(numpy.ones(3)))
+    with pytest.raises(ValueError, match="This engine's checkpoint is the non-reentrant kind"):
+        checkpoint(lambda t: t.exp(), x, use_reentrant=True)
+
+
 def test_torch_default_is_reentrant_with_a_warning(torch):
     if not torch.__version__.startswith(TORCH_DESCRIBED):
         pytest.skip(f"the text describes torch {TORCH_DESCRIBED}'s default; torch {torch.__version__} is installed")

@@ -290,3 +290,28 @@ def test_flops_costs_make_equal_layers_cost_the_same_and_plans_repeat():
     assert len(plans) == 1
     with pytest.raises(ValueError, match="cost must be 'time' or 'flops'"):
         measure_layers(blocks, x, cost="bytes")
+
+
+# -- what a recompute costs: predicted against counted -----------------------------------
+@pytest.mark.parametrize("how", ["every", "sqrt", 3, "revolve1", "revolve0"])
+def test_predicted_recompute_is_the_recompute_the_timeline_counts(how):
+    """The cost model prices each layer's recompute by the plan recompute.py will follow
+    (the last layer of a segment stops early), so with cost="flops" the predicted recompute,
+    in FLOPs, is what the ops that ran again count (ops/flops.py), exactly."""
+    from tinygrad_ckpt.ops.flops import op_flops
+
+    model, layers, x = mlp_chain(8, 16, 4, input_grad=True)
+    costs = measure_layers(layers, x, repeats=1, cost="flops")
+    n = len(layers)
+    segments = revolve(n, int(how[-1])) if isinstance(how, str) and how.startswith("revolve") else segment_bounds(n, how)
+    _, predicted_seconds = predict(costs, segments)
+    per_flop = sum(c.seconds for c in costs) / sum(c.flops for c in costs)
+    with memory.timeline() as events:
+        checkpoint_sequential(layers, segments, x).backward()
+    counted = sum(op_flops(e["op"], e["input_shapes"], e["output_shapes"]) for e in events
+                  if e["phase"] == "recompute" and "output_shapes" in e)
+    assert predicted_seconds / per_flop == pytest.approx(counted, rel=1e-9)
+    # Each MLP block is Linear + GELU: inside a segment both run again; as a segment's last
+    # block only the Linear (GELU saved its input, which the Linear makes).
+    block = costs[0]
+    assert block.recompute_share == 1.0 and 0 < block.last_share < 1

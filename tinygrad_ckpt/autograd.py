@@ -1,4 +1,32 @@
-"""Autograd utilities with PyTorch's names (torch.autograd): anomaly mode.
+"""Autograd utilities with PyTorch's names (torch.autograd): grad, saved-tensor hooks, anomaly mode.
+
+    dx, dw = tinygrad_ckpt.autograd.grad(loss, [x, w])     # the gradients, .grad untouched
+
+`grad(outputs, inputs, grad_outputs=None, retain_graph=None,
+create_graph=False, allow_unused=False)` has PyTorch's signature and
+meaning: it returns d(outputs)/d(inputs) and adds nothing to any `.grad`
+(`Tensor.backward(inputs=[...])` is its in-place twin: only those tensors
+accumulate). Both see through checkpointed segments: a segment's recompute
+delivers its parameters' gradients by the rules of the call that runs it
+(tape.GradientTask). PyTorch 2.13's reentrant checkpoint refuses grad() ("is
+incompatible with .grad()", torch/utils/checkpoint.py); its non-reentrant one
+allows it, as this engine's does. Not supported: `create_graph=True`
+(gradients of gradients). Backward here is a walk over raw arrays, not a
+recorded computation, so that every byte it saves stays visible; asking for
+it is an error that says so.
+
+    with saved_tensors_hooks(pack, unpack):     # every array an op saves goes through pack
+        loss = model(x)
+    loss.backward()                             # ... and comes back through unpack
+
+`saved_tensors_hooks(pack_hook, unpack_hook)` and `save_on_cpu()` are
+PyTorch's (torch.autograd.graph in torch 2.13): the choke point is
+`Context.save_for_backward` (function.py explains what pack receives and how
+memory is counted). `save_on_cpu()` packs each saved array into host memory
+and unpacks it onto its device for backward; on NumPy the arrays are already
+in host memory, so it keeps them as they are (PyTorch's `.cpu()` of a CPU
+tensor is no copy either). Tutorial 5 builds PyTorch's non-reentrant
+checkpoint from saved_tensors_hooks.
 
     with tinygrad_ckpt.autograd.detect_anomaly():
         loss = model(x, y)          # every op's outputs are checked for NaN and inf
@@ -22,11 +50,95 @@ The checks copy one boolean per array to the host (on a GPU, a wait each)
 and capture a stack per record: slow, for debugging. Off, the engine pays a
 test of one flag per op.
 
-What does not live here: the checks themselves, which the tape and
-Function.apply run (tape.py), and the rest of the engine.
+What does not live here: the backward walk and the anomaly checks (tape.py),
+where saved arrays are packed (function.py), checkpointing (checkpoint.py).
 """
 
-from . import tape
+from . import backend, function, tape
+from .tensor import Tensor, _differentiated, _gradient_for, _no_create_graph
+
+
+# -- functional gradients ------------------------------------------------------------
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=False):
+    """d(outputs)/d(inputs) as a tuple of Tensors, one per input; no .grad is touched (PyTorch's torch.autograd.grad).
+
+    outputs: a tensor or a sequence; grad_outputs: the gradient of each
+    output (None: ones, for one-element outputs only). inputs: a tensor or a
+    sequence, each requiring grad (leaves or computed tensors). An input the
+    outputs do not depend on is an error, or None with allow_unused=True.
+    retain_graph: keep the saved arrays for another backward (default
+    create_graph, so False). create_graph=True is not supported (see the
+    module docstring).
+    """
+    _no_create_graph(create_graph, "autograd.grad")
+    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    inputs = _differentiated(inputs, "autograd.grad")
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    grad_outputs = [grad_outputs] if isinstance(grad_outputs, Tensor) else list(grad_outputs)
+    if len(grad_outputs) != len(outputs):
+        raise ValueError(f"autograd.grad: {len(grad_outputs)} grad_outputs for {len(outputs)} outputs")
+    pairs = []
+    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not isinstance(out, Tensor):
+            raise TypeError(f"autograd.grad: outputs[{i}] is a {type(out).__name__}, not a Tensor")
+        if not out.requires_grad:
+            raise RuntimeError(f"autograd.grad: outputs[{i}] does not require grad; no input of its "
+                               "computation required grad (or it ran under no_grad())")
+        pairs.append((out, _gradient_for(out, g, f"autograd.grad: grad_outputs[{i}]")))
+    task = tape.run_backward([o for o, _ in pairs], [g for _, g in pairs], retain_graph=bool(retain_graph),
+                             inputs=inputs, capture=True)
+    results = []
+    for i, t in enumerate(inputs):
+        g = task.captured.get(id(t))
+        if g is None and not allow_unused:
+            raise RuntimeError(
+                f"autograd.grad: inputs[{i}] (shape {t.shape}) appears not to have been used in the graph "
+                "of the outputs. Set allow_unused=True if this is the desired behavior.")
+        results.append(None if g is None else Tensor(g, device=backend.device_of(g)))
+    return tuple(results)
+
+
+# -- saved-tensor hooks -------------------------------------------------------------------
+class saved_tensors_hooks:
+    """Inside the block, every array an op saves for backward is passed to pack_hook(tensor) and kept
+    as whatever it returns; backward gets it back through unpack_hook(packed), which returns a Tensor.
+
+    PyTorch's torch.autograd.graph.saved_tensors_hooks. Nested blocks: the
+    innermost pair applies. See function.py for what pack receives.
+    """
+
+    def __init__(self, pack_hook, unpack_hook):
+        self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
+
+    def __enter__(self):
+        function.push_saved_tensors_hooks(self.pack_hook, self.unpack_hook)
+        return self
+
+    def __exit__(self, *exc):
+        function.pop_saved_tensors_hooks()
+
+
+class save_on_cpu(saved_tensors_hooks):
+    """Saved arrays wait in host memory between forward and backward (PyTorch's save_on_cpu).
+
+    On a GPU each saved array is copied to the host when it is saved, and
+    back to its device when backward needs it: GPU memory for two copies
+    over the bus. On NumPy the array stays where it is (no copy). The
+    checkpoint policies' "offload" uses these same hooks (policies.py).
+    """
+
+    def __init__(self):
+        super().__init__(_pack_to_cpu, _unpack_from_cpu)
+
+
+def _pack_to_cpu(t):
+    return (t.device, t.to("cpu"))
+
+
+def _unpack_from_cpu(packed):
+    device, t = packed
+    return t.to(device)
 
 
 class set_detect_anomaly:

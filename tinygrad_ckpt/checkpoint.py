@@ -4,39 +4,57 @@ The trade (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
 Cost"; HIPS autograd's `checkpoint` is the same idea in a dozen lines):
 normally every op of a segment keeps what its backward needs on the tape
 until backward reaches it. A checkpointed segment keeps only its inputs.
-When backward reaches it, it runs the segment's forward once more, on a
+When backward reaches it, it runs the segment's forward again, on a
 short-lived tape of its own, backpropagates through that tape, and drops
-it. Memory for time: one extra forward of the segment.
+it. Memory for time: at most one extra forward of the segment.
 
     y = checkpoint(block, x)     # the tape gets ONE record, "Checkpoint", saving x
 
 Built only from tape primitives (tape.py, function.py):
 
-  forward   `fn` runs on a SegmentTape, which records nothing and saves
-            nothing, but notices which parameters (leaf tensors that require
-            grad) the segment reads. Then one `Checkpoint` record goes on the
-            active tape; its `ctx.save_for_backward` holds the segment's
-            tensor inputs, so their bytes are what the tape shows as saved.
-  backward  the tape first checks that no input and no parameter of the
-            segment was modified in place since the segment's forward began
-            (their versions, as for any record: tape.check_versions). The
-            record puts back the random generators' states, re-runs `fn` on
-            detached copies of the inputs on a fresh `Tape()` (memory phase
-            "recompute"; anomaly mode checks it as any forward), and calls
-            that tape's `backward` with the incoming gradients. Parameters
-            get their `.grad` from that inner backward directly; the inputs'
-            gradients are returned to the outer tape. Everything recomputed
-            is freed when the record's backward returns.
+  forward   `fn` runs on a SegmentTape (recompute.py), which records nothing
+            and saves nothing, but notes each op and which tensors from
+            outside the segment need a gradient: parameters, and tensors
+            the code reads from its closure. Then one `Checkpoint` record
+            goes on the active tape; its inputs are the segment's tensor
+            arguments and those outside tensors, and its
+            `ctx.save_for_backward` holds the arguments (and the outside
+            tensors that are not parameters), so their bytes are what the
+            tape shows as saved.
+  backward  the tape first checks that nothing the segment read was
+            modified in place since (their versions, as for any record:
+            tape.check_versions). The record puts back the random
+            generators' states and runs `fn` again on detached copies of its
+            inputs, on a RecomputeTape (memory phase "recompute"; anomaly
+            mode checks it as any forward). That tape runs only what the
+            segment's backward needs and stops as soon as it has it
+            (recompute.py: PyTorch's early stop, and more). Then it calls
+            that tape's `backward` with the incoming gradients, as part of
+            the same backward call, so parameters get their gradients by
+            that call's rules (`backward(inputs=...)`, `autograd.grad`);
+            the inputs' gradients are returned to the outer tape.
+            Everything recomputed is freed when the record's backward returns.
+
+What `fn` may take and return, as PyTorch's non-reentrant checkpoint and
+`jax.checkpoint` allow: tensors anywhere inside tuples, lists and dicts
+(nested), positional or keyword, beside values of any other kind; it may
+return the same kinds of structure, with non-tensor values, tensors that
+need no gradient, or no tensor at all. The keywords `use_reentrant`,
+`preserve_rng_state`, `determinism_check`, `debug`, `early_stop` and
+`policy` are the checkpoint's (PyTorch's names, and policies.py's);
+every other keyword goes to `fn`.
 
 Parameters, when no input requires grad: `Function.apply` records an op
 only if one of its inputs requires grad, and decides that before the op's
 forward runs. A segment's parameters are known only once its forward has
-run. So `checkpoint()` runs the forward first (on the SegmentTape, which
-lists the parameters it sees), then applies the `Checkpoint` op with those
-parameters among its inputs: the segment is recorded whenever a parameter
-inside needs a gradient, even if its input (a batch of data) does not.
-(PyTorch's reentrant checkpoint silently gives such parameters no gradient.)
-An output that depends on nothing needing a gradient comes back with
+run. So `checkpoint()` runs the forward first, then applies the
+`Checkpoint` op with those parameters among its inputs: the segment is
+recorded whenever a parameter inside needs a gradient, even if its input (a
+batch of data) does not. (PyTorch 2.13's reentrant checkpoint gives such
+parameters no gradient and warns "None of the inputs have
+requires_grad=True. Gradients will be None", torch/utils/checkpoint.py; its
+non-reentrant one gives them their gradient, as this one does.) An output
+that depends on nothing needing a gradient comes back with
 requires_grad=False, as it would without the checkpoint.
 
 Recomputing must give the same values as the forward did:
@@ -47,29 +65,40 @@ Recomputing must give the same values as the forward did:
     nothing had been recomputed.
   * stateful layers: `is_recomputing()` is True while a segment runs again;
     BatchNorm1d does not update its running statistics then.
-  * a recompute whose outputs differ in shape or dtype is an error naming
-    the segment; `check_values=True` also compares values.
+  * `determinism_check="default"` (PyTorch's name and default): the recompute
+    must run the same ops as the forward, in the same order, on inputs and
+    saving arrays of the same shapes and dtypes, and return outputs of the
+    same shapes and dtypes; else a CheckpointError names the op, and with
+    debug=True shows both op sequences side by side. "values" also
+    recomputes in full and compares the outputs' values with the forward's
+    (it keeps a copy of them: a debugging aid). "none" checks nothing and
+    recomputes in full.
 
-Nesting: a checkpoint inside a checkpointed segment runs inline while the
-outer segment runs its forward (nothing is kept then anyway) and becomes a
-real checkpoint when the outer segment is recomputed.
+Nesting: a checkpoint inside a checkpointed segment is a checkpoint in the
+segment's forward too (which keeps nothing anyway), and runs again, whole,
+when the outer segment is recomputed: its own record is real then.
 
 `ChainCheckpointing` (at the end) is the on/off switch a model that runs a
 chain of layers inherits: `model.gradient_checkpointing_enable()`.
 
-What does not live here: which segments to cut a chain into (schedules.py),
-which ops a policy keeps instead of recomputing (policies.py).
+What does not live here: what a recompute runs and skips (recompute.py),
+which segments to cut a chain into (schedules.py), which ops a policy keeps
+instead of recomputing (policies.py).
 """
 
+import warnings
 from contextlib import contextmanager
 
 import numpy
 
-from . import backend, memory, policies, random, tape
+from . import backend, function, memory, policies, random, tape
 from .function import Function
-from .policies import ReplayTape, Stash
+from .policies import Stash
+from .recompute import CheckpointError, RecomputeTape, SegmentTape, StopRecompute, full_plan, make_plan
 from .schedules import segment_bounds
 from .tensor import Tensor
+
+__all__ = ["checkpoint", "checkpoint_sequential", "is_recomputing", "CheckpointError", "ChainCheckpointing"]
 
 _recomputing = 0  # how many segments are re-running their forward right now
 
@@ -87,54 +116,88 @@ def is_recomputing():
 def _recompute():
     global _recomputing
     _recomputing += 1
+    function.push_no_saved_tensors_hooks()  # what the recompute saves is its own (PyTorch's too)
     try:
         with memory.phase("recompute"):
             yield
     finally:
+        function.pop_saved_tensors_hooks()
         _recomputing -= 1
 
 
+DETERMINISM_CHECKS = ("default", "values", "none")
+OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")  # with use_reentrant: PyTorch's
+
+
+def check_options(use_reentrant=None, preserve_rng_state=True, determinism_check="default", debug=False,
+                  early_stop=True):
+    """Check the checkpoint's own keywords; a clear error for each bad one. Returns them as a dict."""
+    if use_reentrant:
+        raise ValueError(
+            "use_reentrant=True asks for PyTorch's reentrant checkpoint: an autograd Function whose backward "
+            "runs backward again on the recomputed segment, which cannot see autograd.grad() or "
+            "backward(inputs=...), gives parameters no gradient when no input requires one, and always "
+            "recomputes the whole segment. This engine's checkpoint is the non-reentrant kind (it records the "
+            "segment: every backward works through it, and it stops recomputing early). Pass "
+            "use_reentrant=False, or leave it out.")
+    if use_reentrant is not None and use_reentrant is not False:
+        raise TypeError(f"use_reentrant must be False (or None), got {use_reentrant!r}")
+    if determinism_check not in DETERMINISM_CHECKS:
+        raise ValueError(f"determinism_check must be one of {', '.join(map(repr, DETERMINISM_CHECKS))}, "
+                         f"got {determinism_check!r}")
+    for name, value in (("preserve_rng_state", preserve_rng_state), ("debug", debug), ("early_stop", early_stop)):
+        if not isinstance(value, (bool, numpy.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    return dict(preserve_rng_state=bool(preserve_rng_state), determinism_check=determinism_check,
+                debug=bool(debug), early_stop=bool(early_stop))
+
+
 # -- the public functions ----------------------------------------------------
-def checkpoint(fn, *args, preserve_rng_state=True, policy=None, check_values=False, **kwargs):
-    """fn(*args, **kwargs), keeping only the tensor arguments for backward.
+def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, determinism_check="default",
+               debug=False, early_stop=True, policy=None, check_values=None, **kwargs):
+    """function(*args, **kwargs), keeping only its tensor arguments for backward.
 
-    fn returns a Tensor or a tuple of Tensors. Tensor arguments are the
-    segment's inputs (positional or keyword, not inside lists); anything
-    else is passed through as is. policy: see policies.py (None recomputes
-    everything). check_values: also compare the recomputed outputs' values
-    with the forward's (keeps a copy of the outputs; a debugging aid).
+    Tensors anywhere in args and kwargs (inside tuples, lists, dicts) are the
+    segment's inputs; everything else is passed through as is. It returns
+    what `function` returns, the same structure, with each tensor that
+    needs a gradient recorded on the tape. Tensors `function` reads from its
+    closure that need a gradient are taken as inputs too.
+
+    use_reentrant: False or None (True is an error: see check_options).
+    preserve_rng_state: replay the random generators (see the module
+    docstring). determinism_check: "default", "values" or "none"; debug:
+    show the op sequences when the check fails. early_stop: stop the
+    recompute once backward has what it needs, and skip what it does not
+    need (False: recompute everything). policy: see policies.py (None:
+    keep nothing). check_values=True is the old name of
+    determinism_check="values".
     """
-    active = tape.active()
-    if active is None or isinstance(active, (SegmentTape, ReplayTape)):
-        # No gradients wanted, or inside a segment that is running its forward
-        # (which keeps nothing anyway) or replaying a policy: just run fn.
-        return fn(*args, **kwargs)
-    segment = _Segment(fn, args, kwargs, preserve_rng_state, policy, check_values)
-    inputs = [a for a in args if isinstance(a, Tensor)] + [v for v in kwargs.values() if isinstance(v, Tensor)]
-    # 1. Run fn keeping nothing; learn which parameters and generators it used.
-    outputs = segment.forward(inputs)
-    # 2. One record whose inputs (for the tape) are all that needs a gradient.
-    needs_grad = [t for t in inputs if t.requires_grad] + segment.params
-    if not needs_grad or not any(segment.out_requires_grad):
-        return outputs  # no output depends on anything that needs a gradient: nothing to record
-    for i, o in enumerate(outputs if segment.multiple else (outputs,)):
-        if o.dtype.kind != "f":
-            raise TypeError(
-                f"checkpoint: segment '{segment.name}' returned output {i} of dtype {o.dtype}; the "
-                "outputs of a segment that needs gradients must be floating point (compute "
-                "integer results outside the checkpointed function)"
-            )
-    out_arrays = tuple(o.data for o in outputs) if segment.multiple else outputs.data
-    recorded = Checkpoint.apply(
-        *needs_grad, segment=segment, inputs=[t.data for t in inputs], outputs=out_arrays,
-    )
-    if not segment.multiple:
-        return recorded
+    if check_values is not None:
+        warnings.warn("checkpoint(check_values=True) is now determinism_check='values'", DeprecationWarning,
+                      stacklevel=2)
+        if check_values:
+            determinism_check = "values"
+    options = check_options(use_reentrant, preserve_rng_state, determinism_check, debug, early_stop)
+    if not callable(function):
+        raise TypeError(f"checkpoint: the first argument must be the function to run, got {type(function).__name__}")
+    if tape.active() is None:
+        return function(*args, **kwargs)  # no gradients wanted: nothing to keep
+    segment = _Segment(function, args, kwargs, policy, options)
+    # 1. Run function keeping nothing; learn what it read and what it returned.
+    template, outputs = segment.forward()
+    # 2. One record, whose inputs are the tensor arguments and the outside tensors that need a gradient.
+    wanted = [o for o, needed in zip(outputs, segment.out_requires_grad) if needed]
+    if not wanted or not (segment.outer or any(t.requires_grad for t in segment.inputs)):
+        return _unflatten(template, iter(o.detach() for o in outputs))  # nothing to differentiate
+    recorded = iter(Checkpoint.apply(*segment.inputs, *segment.outer, segment=segment,
+                                     outputs=tuple(o.data for o in wanted)))
+    segment.drop_forward_tensors()
     # An output that depends on nothing needing a gradient: cut from the record, as without checkpoint.
-    return tuple(o if needed else o.detach() for o, needed in zip(recorded, segment.out_requires_grad))
+    return _unflatten(template, iter(next(recorded) if needed else o.detach()
+                                     for o, needed in zip(outputs, segment.out_requires_grad)))
 
 
-def checkpoint_sequential(functions, segments, input, preserve_rng_state=True, policy=None):
+def checkpoint_sequential(functions, segments, input, use_reentrant=None, policy=None, **options):
     """Run `functions` one after the other on `input`, checkpointing segments of them.
 
     segments: an int (that many segments of nearly equal length), 'sqrt'
@@ -146,11 +209,16 @@ def checkpoint_sequential(functions, segments, input, preserve_rng_state=True, p
     recompute (nested, as schedules.revolve makes them). Every segment of an
     int, 'sqrt', 'every' or list is checkpointed (PyTorch's
     checkpoint_sequential runs the last one normally; ask the planner if
-    that pays). A policy applies to the outermost segments only.
+    that pays). A policy applies to the outermost segments only. options:
+    checkpoint()'s preserve_rng_state, determinism_check, debug, early_stop.
     """
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise TypeError(f"checkpoint_sequential: unknown keyword(s) {', '.join(sorted(unknown))}; it takes "
+                        f"use_reentrant, policy, {', '.join(OPTIONS)}")
+    options = check_options(use_reentrant, **options)
     functions = list(functions)
-    return _run_segments(functions, segment_bounds(len(functions), segments), input,
-                         dict(preserve_rng_state=preserve_rng_state, policy=policy))
+    return _run_segments(functions, segment_bounds(len(functions), segments), input, {**options, "policy": policy})
 
 
 def _run_segments(functions, segments, x, options):
@@ -163,8 +231,8 @@ def _run_segments(functions, segments, x, options):
 class _Chain:
     """functions[start:stop] applied in turn, or by their inner plan; named for error messages.
 
-    An inner plan only matters when the segment is recomputed: its forward
-    runs inside checkpoint(), where nested checkpoints run inline.
+    An inner plan only matters when the segment is recomputed: in the
+    outer forward its checkpoints keep nothing anyway.
     """
 
     def __init__(self, functions, start, stop, inner=None, options=None):
@@ -184,140 +252,178 @@ class _Chain:
 class Checkpoint(Function):
     """One checkpointed segment on the tape. Saves the segment's tensor inputs only.
 
-    Its inputs (for the tape) are the segment's inputs that require grad and
-    the parameters the segment read; its backward re-runs the segment (see
-    the module docstring) and returns the inputs' gradients, and None for the
-    parameters, which the inner backward has already given their `.grad`.
-    The versions it has checked are those of all the segment's inputs and
-    parameters from before its forward, as the recompute reads them all.
+    Its inputs (for the tape) are the segment's tensor arguments, then the
+    tensors from outside it that need a gradient (parameters, and tensors
+    its code read from its closure). It saves the arguments and the
+    closure's computed tensors (parameters live anyway), and what a policy
+    kept. Its backward runs the segment again (recompute.py) and returns the
+    arguments' and the computed tensors' gradients; the parameters have had
+    theirs from the inner backward, by the rules of the backward call. The
+    versions it checks are those of everything the segment read, as the
+    segment's forward found them.
     """
 
+    is_checkpoint = True  # recompute.py: a checkpoint inside a segment is run again, never rebuilt
+
     @staticmethod
-    def forward(ctx, *needs_grad, segment, inputs, outputs):
-        # The segment has already run (checkpoint() ran it first, to learn its
-        # parameters): keep its inputs, and what a policy kept, hand on its outputs.
+    def forward(ctx, *arrays, segment, outputs):
+        # The segment has already run (checkpoint() ran it first, to learn what
+        # it reads): keep its inputs, and what a policy kept; hand on its outputs.
+        n = len(segment.inputs)
+        computed = [a for a, t in zip(arrays[n:], segment.outer) if not t.is_leaf]
         ctx.segment = segment
-        ctx.save_for_backward(*inputs, *segment.stash_arrays())
-        ctx.saved_versions = segment.versions(inputs)
-        ctx.n_inputs = len(inputs)
-        return outputs
+        ctx.save_for_backward(*arrays[:n], *computed, *segment.stash_arrays())
+        ctx.saved_versions = segment.versions(arrays)
+        return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
         segment = ctx.segment
         saved = ctx.saved_arrays
-        inputs = segment.recompute_inputs(saved[: ctx.n_inputs])
-        fresh = segment.recompute_tape(saved[ctx.n_inputs:])
-        fresh.label = f"the recompute of checkpoint segment '{segment.name}'"
-        with _recompute(), segment.replaying_rng(), tape.recording(fresh):
-            outputs = segment.call(inputs)
-        outputs = segment.check_outputs(outputs, fresh)
-        # Start the inner backward from the outputs' gradient edges, and drop the
-        # recomputed outputs: their records are all it needs, and an output no op
-        # saved (the segment's last GELU's) is freed instead of held meanwhile.
-        pairs = [(tape.get_gradient_edge(o), backend.as_array(g)) for o, g in zip(outputs, grads) if o.requires_grad]
-        outputs = None
+        n, c = len(segment.inputs), sum(not t.is_leaf for t in segment.outer)
+        inputs = segment.stand_ins(saved[:n])
+        outer_arrays = segment.outer_arrays(saved[n:n + c])
+        try:
+            fresh = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
+        except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
+            segment.full = True
+            inputs = segment.stand_ins(saved[:n])
+            fresh = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
+        # Start the inner backward from the outputs' gradient edges in the recompute.
+        pairs = [(e, backend.as_array(g)) for e, g in zip(fresh.output_edges(), grads) if e != (None, None)]
+        leftover = {}
+        fresh.close()
         if pairs:
-            fresh.backward([e for e, _ in pairs], [g for _, g in pairs])
+            leftover = fresh.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=inputs)
         in_grads = []
         for t in inputs:
-            if not t.requires_grad:
-                continue
-            g = t.grad.data if t.grad is not None else None
+            g = t.grad.data if t.requires_grad and t.grad is not None else None
             if g is not None:
                 memory.release(g, "gradients")  # it is handed on, not kept as a .grad
             in_grads.append(g)
-        return tuple(in_grads) + (None,) * len(segment.params)
+        for t, edge in zip(segment.outer, segment.outer_edges):
+            # A parameter has had its gradient in the inner backward; a computed tensor's comes back here.
+            in_grads.append(None if t.is_leaf else leftover.get(edge))
+        return tuple(in_grads)
 
 
 class _Segment:
     """Everything a Checkpoint record needs to run its segment again.
 
-    It keeps no tensor inputs itself (the record's save_for_backward does):
-    only where they go in the arguments, and their version counters and
-    versions for the in-place check.
+    It keeps no tensor arrays itself (the record's save_for_backward does):
+    the arguments with their tensors taken out, the forward's notes (what
+    each op read and saved: recompute.py), the outside tensors' version
+    counters, and the parameters (which live anyway).
     """
 
-    def __init__(self, fn, args, kwargs, preserve_rng_state, policy, check_values):
+    def __init__(self, fn, args, kwargs, policy, options):
         self.fn = fn
         self.name = getattr(fn, "name", None) or getattr(fn, "__qualname__", None) or type(fn).__name__
-        # The arguments with each tensor replaced by a placeholder.
-        self.args = tuple(_TENSOR if isinstance(a, Tensor) else a for a in args)
-        self.kwargs = {k: _TENSOR if isinstance(v, Tensor) else v for k, v in kwargs.items()}
-        self.preserve_rng_state = preserve_rng_state
+        self.args, self.kwargs = args, kwargs  # for the forward only (dropped after it)
+        self.template, self.inputs = _flatten((args, kwargs))  # the arguments, tensors taken out
+        self.preserve_rng_state = options["preserve_rng_state"]
+        self.determinism_check, self.debug = options["determinism_check"], options["debug"]
         policy = policies.resolve(policy)
         self.stash = Stash(policy, self.name) if policy is not None else None
-        self.check_values = check_values
-        self.inputs = []  # per tensor input: (its version counter, its version, requires_grad)
-        self.params = []  # leaf tensors requiring grad that fn read (not its inputs)
+        # Recompute in full (no early stop, nothing skipped): asked for, or needed to compare values.
+        self.full = not options["early_stop"] or self.determinism_check != "default"
+        self.check_meta = self.determinism_check != "none"
+        self.check_ops = self.determinism_check != "none"
         self.generators = []  # (generator, its state before the segment's first draw)
+        self._plan = None
 
     def call(self, inputs):
         """fn with `inputs` in the places of the tensor arguments."""
-        it = iter(inputs)
-        args = tuple(next(it) if a is _TENSOR else a for a in self.args)
-        kwargs = {k: next(it) if v is _TENSOR else v for k, v in self.kwargs.items()}
+        args, kwargs = _unflatten(self.template, iter(inputs))
         return self.fn(*args, **kwargs)
 
-    def forward(self, inputs):
-        """Run fn once, keeping nothing (except what a policy keeps)."""
-        self.inputs = [(t._version_counter, t._version, t.requires_grad) for t in inputs]
-        watch = SegmentTape(self, inputs)
+    def forward(self):
+        """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
+        self.input_versions = [t._version for t in self.inputs]
+        watch = SegmentTape(self, self.inputs)
         observed = []
         if self.preserve_rng_state:
             random._observers.append(observed)
         try:
             with tape.recording(watch):
-                outputs = self.call(inputs)
+                returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
+            self.args = self.kwargs = None
         finally:
             if self.preserve_rng_state:
                 random._observers.pop()  # ours: observers nest like the segments
         self.generators = observed
-        self.params = list(watch.params.values())
-        self.param_versions = [p._version for p in self.params]
-        self.multiple = isinstance(outputs, (tuple, list))
-        outs = tuple(outputs) if self.multiple else (outputs,)
-        for i, o in enumerate(outs):
-            if not isinstance(o, Tensor):
-                raise TypeError(
-                    f"checkpoint: segment '{self.name}' returned {type(o).__name__} as output {i}; "
-                    "a checkpointed function must return a Tensor or a tuple of Tensors"
-                )
-        self.out_meta = [(o.shape, o.dtype) for o in outs]
-        self.out_requires_grad = [o.requires_grad for o in outs]
-        if self.check_values:
-            self.out_values = [o.data.copy() for o in outs]
+        self.notes = watch.notes
+        template, outputs = _flatten(returned)
+        self.out_origins = [(watch.origin_of_output(o), o.requires_grad) for o in outputs]
+        self.outer = list(watch.outer.values())
+        self.outer_versions = [t._version for t in self.outer]
+        self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
+        # The parameters are held (they live anyway); a computed tensor from outside is not: the record saves its array.
+        self.params = [t if t.is_leaf else None for t in self.outer]
+        watch.close()
+        self.out_meta = [(o.shape, o.dtype) for o in outputs]
+        self.out_requires_grad = [o.requires_grad for o in outputs]
+        if self.determinism_check == "values":
+            self.out_values = [o.data.copy() for o in outputs]
             for v in self.out_values:
                 memory.track(v)
-        # Plain tensors (cut from the stand-in records the SegmentTape made).
-        outs = tuple(o.detach() for o in outs)
-        return outs if self.multiple else outs[0]
+        self._outputs = outputs  # until the record is made: then only their arrays (the record's outputs)
+        return template, outputs
+
+    def drop_forward_tensors(self):
+        self._outputs = None
+        self.outer = [t if t.is_leaf else _Shape(t) for t in self.outer]  # no computed tensor from outside held
 
     def stash_arrays(self):
         return self.stash.hand_over() if self.stash is not None else ()
 
     def versions(self, arrays):
-        """The record's saved_versions: every input and parameter, as the segment's forward found them.
+        """The record's saved_versions: every input and outside tensor, as the segment's forward found them.
 
-        (counter, version, what, array) entries, checked by tape.check_versions.
+        (counter, version, what, (dtype, shape)) entries, checked by tape.check_versions.
         """
-        entries = [(counter, version, f"input {i} of checkpoint segment '{self.name}'", a)
-                   for i, ((counter, version, _), a) in enumerate(zip(self.inputs, arrays))]
-        entries += [(p._version_counter, version, f"a parameter read by checkpoint segment '{self.name}' "
-                     "(call backward before optimizer.step())", p.data)
-                    for p, version in zip(self.params, self.param_versions)]
+        entries = [(t._version_counter, v, f"input {i} of checkpoint segment '{self.name}'", (a.dtype, a.shape))
+                   for i, (t, v, a) in enumerate(zip(self.inputs, self.input_versions, arrays))]
+        for t, v in zip(self.outer, self.outer_versions):
+            what = (f"a parameter read by checkpoint segment '{self.name}' (call backward before optimizer.step())"
+                    if t.is_leaf else f"a tensor checkpoint segment '{self.name}' read from outside it")
+            entries.append((t._version_counter, v, what, (t.dtype, t.shape)))
         return tuple(entries)
 
-    def recompute_inputs(self, arrays):
-        """Detached copies of the inputs (the tape has checked their versions)."""
-        return [Tensor(a, requires_grad=requires_grad, device=backend.device_of(a))
-                for (_, _, requires_grad), a in zip(self.inputs, arrays)]
+    def stand_ins(self, arrays):
+        """Detached copies of the inputs (the tape has checked their versions), with their requires_grad."""
+        return [Tensor(a, requires_grad=t.requires_grad, device=backend.device_of(a))
+                for t, a in zip(self.inputs, arrays)]
 
-    def recompute_tape(self, stash_arrays):
-        """A fresh tape, or one that replays what the policy kept."""
-        if self.stash is None:
-            return tape.Tape()
-        return ReplayTape(self.stash, stash_arrays)
+    def outer_arrays(self, computed):
+        """Per outside tensor, its array: a parameter's own, a computed tensor's as the record saved it."""
+        computed = iter(computed)
+        return [p.data if p is not None else next(computed) for p in self.params]
+
+    def plan(self):
+        """What the recompute runs (recompute.make_plan), made at the first backward."""
+        if self.full:
+            return full_plan(self.notes)
+        if self._plan is None:
+            self._plan = make_plan(self.notes, self.out_origins)
+        return self._plan
+
+    def recompute(self, plan, inputs, outer_arrays, stashed):
+        """Run the segment's code again on a RecomputeTape, as far as the plan says; the tape."""
+        fresh = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
+        returned, outputs = False, None
+        if plan.stop >= 0:
+            with _recompute(), self.replaying_rng(), tape.recording(fresh):
+                try:
+                    outputs = self.call(inputs)
+                    returned = True
+                except StopRecompute:
+                    pass
+        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
+            fresh.finish(returned)
+        if returned:
+            self.check_outputs(_flatten(outputs)[1])
+        return fresh
 
     @contextmanager
     def replaying_rng(self):
@@ -334,27 +440,28 @@ class _Segment:
             for g, state in callers:
                 g.bit_generator.state = state
 
-    def check_outputs(self, outputs, fresh):
-        """The recompute must give what the forward gave (shapes, dtypes; values if asked)."""
-        if isinstance(fresh, ReplayTape):
-            fresh.finish()
-        outs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+    def mismatch(self, what, ran):
+        """Raise the determinism check's error: the recompute `what` (with debug, both op sequences)."""
+        message = (f"checkpoint: the recompute of segment '{self.name}' {what}; the segment must compute the "
+                   "same thing each time it runs (does it depend on state that changed between forward and "
+                   "backward, or on random numbers without preserve_rng_state=True?)")
+        if self.debug:
+            message += "\n" + _side_by_side([n.name for n in self.notes], ran)
+        else:
+            message += ". Pass debug=True to see the forward's and the recompute's ops side by side."
+        raise CheckpointError(message)
+
+    def check_outputs(self, outs):
+        """The recompute must return what the forward did (shapes, dtypes; values if asked)."""
+        if not self.check_meta:
+            return
         if len(outs) != len(self.out_meta):
-            raise RuntimeError(
-                f"checkpoint: the recompute of segment '{self.name}' returned {len(outs)} outputs, "
-                f"its forward returned {len(self.out_meta)}; the segment must compute the same "
-                "thing each time it runs"
-            )
+            self.mismatch(f"returned {len(outs)} tensors, its forward returned {len(self.out_meta)}", [])
         for i, (o, (shape, dtype)) in enumerate(zip(outs, self.out_meta)):
-            if not isinstance(o, Tensor) or o.shape != shape or o.dtype != dtype:
-                got = f"shape {o.shape}, dtype {o.dtype}" if isinstance(o, Tensor) else type(o).__name__
-                raise RuntimeError(
-                    f"checkpoint: the recompute of segment '{self.name}' returned output {i} with "
-                    f"{got}, but its forward returned shape {shape}, dtype {dtype}; the segment "
-                    "must compute the same thing each time it runs (does it depend on state that "
-                    "changed between forward and backward?)"
-                )
-        if self.check_values:
+            if o.shape != shape or o.dtype != dtype:
+                self.mismatch(f"returned output {i} with shape {o.shape}, dtype {o.dtype}, but its forward "
+                              f"returned shape {shape}, dtype {dtype}", [])
+        if self.determinism_check == "values":
             for i, (o, before) in enumerate(zip(outs, self.out_values)):
                 # Compared on the host (an explicit copy: this is a debugging aid).
                 # rtol 1e-5: a recompute runs the same ops on the same arrays, so
@@ -362,54 +469,87 @@ class _Segment:
                 now, before = backend.to_host(o.data), backend.to_host(before)
                 if not numpy.allclose(now, before, rtol=1e-5, atol=1e-8, equal_nan=True):
                     worst = float(abs(now - before).max())
-                    raise RuntimeError(
+                    raise CheckpointError(
                         f"checkpoint: the recompute of segment '{self.name}' gave other values for "
                         f"output {i} than its forward (largest difference {worst:.3g}); is it random "
                         "without preserve_rng_state=True, or does it read state that changed?"
                     )
-        return outs
 
 
-_TENSOR = object()  # placeholder for a tensor argument in _Segment.args
+class _Shape:
+    """What the record still needs of a computed tensor from outside once the forward is done."""
+
+    is_leaf = False
+
+    def __init__(self, t):
+        self._version_counter, self.dtype, self.shape = t._version_counter, t.dtype, t.shape
 
 
-# -- the tape a segment's forward runs on ---------------------------------------
-class SegmentTape(tape.Tape):
-    """Records nothing and saves nothing, but notices the parameters the segment reads.
+def _side_by_side(forward, recompute):
+    """The two op sequences in two columns, the first difference marked."""
+    rows = [f"  {'#':>3}  {'forward':<20} recompute"]
+    for i in range(max(len(forward), len(recompute))):
+        f = forward[i] if i < len(forward) else "-"
+        r = recompute[i] if i < len(recompute) else "(not reached)" if i >= len(recompute) else "-"
+        mark = "   <- differs" if i < len(recompute) and f != r else ""
+        rows.append(f"  {i:>3}  {f:<20} {r}{mark}")
+    return "\n".join(rows)
 
-    Every op of the segment still passes through `run` and `append`: `run`
-    clears the op's needs_input_grad, so its save_for_backward keeps nothing
-    (unless the segment's policy keeps it: policies.Stash), and `append`
-    looks at the record's inputs and throws the record away at once.
+
+# -- arguments and results as structures ---------------------------------------------
+_TENSOR = object()  # where a tensor was, in a structure with its tensors taken out
+
+
+def _flatten(value):
+    """(the structure with each Tensor replaced by a placeholder, the Tensors in order).
+
+    Tuples, lists and dicts are walked (nested); anything else is a leaf. A
+    container with no tensor inside is kept as it is, the same object, so a
+    list the function appends to is the caller's list in the recompute too.
     """
+    tensors = []
+    return _take_tensors(value, tensors), tensors
 
-    def __init__(self, segment, inputs):
-        super().__init__()
-        self.segment = segment
-        self.label = f"the forward of checkpoint segment '{segment.name}'"
-        self.input_ids = {id(t) for t in inputs}
-        self.params = {}  # id -> leaf tensor that requires grad, in the order first read
 
-    def run(self, op, ctx, arrays, options):
-        if self.segment.stash is not None:
-            return self.segment.stash.forward(op, ctx, arrays, options)
-        ctx.needs_input_grad = (False,) * len(arrays)  # so the op saves nothing
-        return op.run_forward(ctx, arrays, options)
+def _take_tensors(v, tensors):
+    if isinstance(v, Tensor):
+        tensors.append(v)
+        return _TENSOR
+    before = len(tensors)
+    if isinstance(v, tuple) and hasattr(v, "_fields"):  # a namedtuple keeps its type
+        out = type(v)(*(_take_tensors(x, tensors) for x in v))
+    elif isinstance(v, (tuple, list)):
+        out = type(v)(_take_tensors(x, tensors) for x in v)
+    elif isinstance(v, dict):
+        out = type(v)((k, _take_tensors(x, tensors)) for k, x in v.items())
+    else:
+        return v
+    return out if len(tensors) > before else v
 
-    def append(self, node):
-        node.tape, node.index = self, -1
-        for t in node.inputs:
-            if id(t) in self.input_ids or not t.requires_grad:
-                continue
-            if t.is_leaf:
-                self.params.setdefault(id(t), t)
-            elif t._node.tape is not self:
-                raise RuntimeError(
-                    f"checkpoint: segment '{self.segment.name}' reads a tensor of shape {t.shape} that "
-                    "requires grad and was computed outside the segment, without taking it as an "
-                    "argument; its gradient would be lost. Pass it to checkpoint() as an argument."
-                )
-        node.release_graph()  # keep no record: the segment's intermediates are freed as in no_grad
+
+def _unflatten(template, tensors):
+    """The structure back, with the next of `tensors` at each placeholder."""
+    if template is _TENSOR:
+        return next(tensors)
+    if not _holds_tensors(template):
+        return template  # the caller's own object
+    if isinstance(template, tuple) and hasattr(template, "_fields"):
+        return type(template)(*(_unflatten(x, tensors) for x in template))
+    if isinstance(template, (tuple, list)):
+        return type(template)(_unflatten(x, tensors) for x in template)
+    if isinstance(template, dict):
+        return type(template)((k, _unflatten(x, tensors)) for k, x in template.items())
+    return template
+
+
+def _holds_tensors(template):
+    if template is _TENSOR:
+        return True
+    if isinstance(template, (tuple, list)):
+        return any(_holds_tensors(x) for x in template)
+    if isinstance(template, dict):
+        return any(_holds_tensors(x) for x in template.values())
+    return False
 
 
 # -- the switch of a model that runs a chain of layers ------------------------------
@@ -420,36 +560,64 @@ class ChainCheckpointing:
     nn.Sequential): a subclass says what its chain is, `checkpoint_chain()`
     (a list of callables, each the next one's input), and its forward runs it
     with `self.run_chain(x)`: layer by layer, or through checkpoint_sequential
-    when checkpointing is on. The state is two attributes, None when off.
+    when checkpointing is on. The state is three attributes, None when off.
     """
 
     checkpoint_segments = None  # None: off; else what checkpoint_sequential takes (see enable)
     checkpoint_policy = None  # a policy (policies.py), or None: recompute everything
+    checkpoint_options = None  # checkpoint()'s own keywords (preserve_rng_state, determinism_check, ...)
 
     def checkpoint_chain(self):
         raise NotImplementedError(f"{type(self).__name__} must say which layers it chains: define checkpoint_chain()")
 
-    def gradient_checkpointing_enable(self, segments="every", policy=None):
+    def gradient_checkpointing_enable(self, segments="every", policy=None, gradient_checkpointing_kwargs=None,
+                                      **checkpoint_options):
         """Checkpoint the chain: segments 'every' (one per layer), 'sqrt', an int,
         boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
-        policies.py, a callable or a ready-made one's name. A bad value is an
-        error here, not in forward, and changes nothing."""
-        self._set_checkpointing(len(self.checkpoint_chain()), segments, policy)
+        policies.py, a callable or a ready-made one's name.
+
+        gradient_checkpointing_kwargs (Hugging Face's argument) and keywords:
+        `segments` and `policy` again, and checkpoint()'s own keywords
+        (use_reentrant=False, preserve_rng_state, determinism_check, debug,
+        early_stop), so `gradient_checkpointing_kwargs={"use_reentrant": False}`
+        works as pasted. A bad value is an error here, not in forward, and
+        changes nothing.
+        """
+        kwargs = self._checkpointing_kwargs(segments, gradient_checkpointing_kwargs, checkpoint_options)
+        segments, policy = kwargs.pop("segments", segments), kwargs.pop("policy", policy)
+        self._set_checkpointing(len(self.checkpoint_chain()), segments, policy, kwargs)
 
     def gradient_checkpointing_disable(self):
-        self.checkpoint_segments = self.checkpoint_policy = None
+        self.checkpoint_segments = self.checkpoint_policy = self.checkpoint_options = None
 
-    def _set_checkpointing(self, n_layers, segments, policy):
-        """Check segments (for a chain of n_layers) and policy, then switch on; nothing changes if either is bad."""
+    @staticmethod
+    def _checkpointing_kwargs(segments, gradient_checkpointing_kwargs, checkpoint_options):
+        """One dict of the arguments, from Hugging Face's dict (also accepted in place of segments) and keywords."""
+        if isinstance(segments, dict):  # model.gradient_checkpointing_enable({"use_reentrant": False})
+            gradient_checkpointing_kwargs, segments = {**segments, **(gradient_checkpointing_kwargs or {})}, "every"
+        if gradient_checkpointing_kwargs is not None and not isinstance(gradient_checkpointing_kwargs, dict):
+            raise TypeError(f"gradient_checkpointing_kwargs must be a dict, got {type(gradient_checkpointing_kwargs).__name__}")
+        return {**(gradient_checkpointing_kwargs or {}), **checkpoint_options}
+
+    def _set_checkpointing(self, n_layers, segments, policy, options=None):
+        """Check everything (segments for a chain of n_layers, policy, checkpoint options), then switch on."""
         segment_bounds(n_layers, segments)
         policy = policies.resolve(policy)
-        self.checkpoint_segments, self.checkpoint_policy = segments, policy
+        unknown = set(options or {}) - {"use_reentrant", *OPTIONS}
+        if unknown:
+            raise TypeError(
+                f"gradient_checkpointing_enable: unknown argument(s) {', '.join(sorted(unknown))}; it takes "
+                "segments, policy, and checkpoint()'s use_reentrant, preserve_rng_state, determinism_check, "
+                "debug and early_stop")
+        options = check_options(**(options or {}))
+        self.checkpoint_segments, self.checkpoint_policy, self.checkpoint_options = segments, policy, options
 
     def run_chain(self, x):
         """x through the chain: layer by layer, or checkpointed when the switch is on."""
         layers = self.checkpoint_chain()
         if self.checkpoint_segments is not None:
-            return checkpoint_sequential(layers, self.checkpoint_segments, x, policy=self.checkpoint_policy)
+            return checkpoint_sequential(layers, self.checkpoint_segments, x, policy=self.checkpoint_policy,
+                                         **(self.checkpoint_options or {}))
         for layer in layers:
             x = layer(x)
         return x

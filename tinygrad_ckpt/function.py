@@ -27,6 +27,20 @@ record (a Node) to that tape. It also remembers, for each saved array that is
 an input's or an output's array, that tensor's version, so that backward can
 refuse to run on an array changed in place since (tape.check_versions).
 
+Saved-tensor hooks (PyTorch's `torch.autograd.graph.saved_tensors_hooks`;
+the public face is autograd.py): while a (pack, unpack) pair is pushed, every
+array an op saves is handed to `pack` as a Tensor, once the record is made,
+and the record keeps whatever pack returns instead of the array; when
+backward reaches the record, `unpack` turns it back into a tensor. Memory
+accounting sees what pack returns: the tensors in it (directly, or inside
+tuples, lists and dicts) that are on the saved array's device count as saved
+activations, the array itself no longer does (one moved to the host, as
+`save_on_cpu` does on a GPU, is not device memory). pack gets a tensor that
+shares the saved array's memory and version counter but not its record
+(PyTorch passes the tensor itself and warns that pack must not keep it, to
+avoid a reference cycle). Only the innermost pair applies; a checkpoint's
+recompute pushes "no hooks", as PyTorch's does.
+
 0-d results: NumPy hands back a scalar (numpy.float64), not a 0-d array, from
 most operations on 0-d arrays. `run_forward` and `run_backward` are the one
 place where what ops return becomes arrays again, so an op need not care
@@ -43,16 +57,24 @@ from . import backend, memory, tape
 class Context:
     """What one op run keeps between its forward and its backward."""
 
+    # Class defaults: one op run sets only what differs.
+    counted = True  # False while a checkpoint segment's forward only notes what each op saves
+    computed = True  # False for an op a checkpoint's recompute did not run (its outputs are placeholders)
+    packed = None  # what saved_tensors_hooks' pack returned, per saved array (None: no hooks)
+    packed_arrays = ()  # the arrays in it that count as saved activations
+    unpack_hook = None
+
     def __init__(self, op, needs_input_grad):
         self.op = op
         # One bool per tensor input (see the module docstring for the rule).
         self.needs_input_grad = needs_input_grad
         self.saved_arrays = ()
         # Per saved array that is some tensor's: (version counter, version then,
-        # what it is, the array), checked by tape.check_versions. Function.apply
-        # adds the saved arrays that are the op's inputs' or outputs'; an op may
-        # add more in forward (a checkpoint: its recompute reads every input and
-        # parameter of its segment, as they were before the segment ran).
+        # what it is, (dtype, shape)), checked by tape.check_versions.
+        # Function.apply adds the saved arrays that are the op's inputs' or
+        # outputs'; an op may add more in forward (a checkpoint: its recompute
+        # reads every input and parameter of its segment, as they were before
+        # the segment ran).
         self.saved_versions = ()
 
     def save_for_backward(self, *arrays):
@@ -63,29 +85,65 @@ class Context:
         if not any(self.needs_input_grad):
             return  # no backward will run: keep nothing
         arrays = tuple(backend.as_array(a) if a is not None else None for a in arrays)
-        for a in arrays:
-            if a is not None:
-                memory.track(a, "activations")
+        if self.counted:
+            for a in arrays:
+                if a is not None:
+                    memory.track(a, "activations")
         self.saved_arrays = arrays
 
     def free(self):
         """Drop the saved arrays (after backward, or when a checkpoint discards them)."""
-        for a in self.saved_arrays:
-            if a is not None:
+        if self.counted:
+            for a in self.held_arrays():
                 memory.release(a, "activations")
         self.saved_arrays = None  # None, not (): marks 'freed' for a second backward
         self.saved_versions = ()
+        self.packed, self.packed_arrays = None, ()
 
     def __del__(self):
         # A record that dies without a backward (its output was dropped) lets go
         # of its holds too; else a buffer that outlives it, such as the input
         # batch, would stay counted as activations.
-        if self.saved_arrays:
+        if self.saved_arrays or self.packed:
             self.free()
+
+    def held_arrays(self):
+        """The arrays this record holds now: the saved arrays, and any a pack hook returned."""
+        return [a for a in self.saved_arrays or () if a is not None] + list(self.packed_arrays)
 
     @property
     def saved_nbytes(self):
-        return sum(a.nbytes for a in self.saved_arrays or () if a is not None)
+        return sum(a.nbytes for a in self.held_arrays())
+
+    # -- saved_tensors_hooks (see the module docstring) ----------------------------
+    def pack(self, hooks, tensors):
+        """Hand each saved array to the pack hook; keep what it returns instead (Function.apply calls this)."""
+        pack_hook, self.unpack_hook = hooks
+        packed, counted = [], []
+        for a in self.saved_arrays:
+            if a is None:
+                packed.append(None)
+                continue
+            p, arrays = pack_saved(pack_hook, _alias(a, tensors))
+            packed.append(p)
+            counted += arrays
+            memory.release(a, "activations")
+        self.saved_arrays, self.packed, self.packed_arrays = (), packed, tuple(counted)
+
+    def unpack(self):
+        """The saved arrays back from what pack kept, for this record's backward."""
+        arrays = tuple(None if p is None else unpack_saved(self.unpack_hook, p, self.op) for p in self.packed)
+        for a in arrays:
+            if a is not None:
+                memory.track(a, "activations")
+        self.saved_arrays = arrays
+
+    def repack(self):
+        """After a backward that retains the graph: drop the unpacked arrays, keep the packed form."""
+        for a in self.saved_arrays or ():
+            if a is not None:
+                memory.release(a, "activations")
+        self.saved_arrays = ()
 
 
 class Function:
@@ -144,19 +202,22 @@ class Function:
         if requires_grad:
             if ctx.saved_arrays:
                 ctx.saved_versions += _versions_of_saved(ctx.saved_arrays, inputs, tensors)
+                if _saved_hooks and _saved_hooks[-1] is not None:
+                    ctx.pack(_saved_hooks[-1], inputs + tensors)
             node = tape.Node(cls, ctx, inputs, tensors)
             if tape.anomaly_mode:
                 node.stack = tape.capture_stack()
             active.append(node)
-        if tape.anomaly_mode:
-            tape.check_outputs(op, node, arrays, outs)
-        if memory.tracker.events is None:
-            pass  # no timeline is being recorded
-        elif node is not None and node.index >= 0:  # on a tape (a checkpointed segment's forward keeps none)
-            memory.tracker.event(op, inputs=arrays, outputs=outs, tape=node.tape.number, record=node.index,
-                                 saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
-        else:
-            memory.tracker.event(op, inputs=arrays, outputs=outs)
+        if ctx.computed:  # an op a recompute skipped computed nothing: nothing to check or to count
+            if tape.anomaly_mode:
+                tape.check_outputs(op, node, arrays, outs)
+            if memory.tracker.events is None:
+                pass  # no timeline is being recorded
+            elif node is not None and node.index >= 0:  # on a tape (a checkpointed segment's forward keeps none)
+                memory.tracker.event(op, inputs=arrays, outputs=outs, tape=node.tape.number, record=node.index,
+                                     saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
+            else:
+                memory.tracker.event(op, inputs=arrays, outputs=outs)
         return tensors if isinstance(out, tuple) else tensors[0]
 
 
@@ -176,7 +237,7 @@ def _share_versions_of_views(outputs, inputs):
 
 
 def _versions_of_saved(saved, inputs, outputs):
-    """Per saved array that is (a view of) an input's or an output's: (counter, version now, what, array).
+    """Per saved array that is (a view of) an input's or an output's: (counter, version now, what, (dtype, shape)).
 
     `what` is ("input", i) or ("output", j).
     """
@@ -189,7 +250,7 @@ def _versions_of_saved(saved, inputs, outputs):
         for k, t in enumerate(tensors):
             if t.data is owner or t.data.base is owner:
                 what = ("input", k) if k < len(inputs) else ("output", k - len(inputs))
-                entries.append((t._version_counter, t._version_counter.value, what, a))
+                entries.append((t._version_counter, t._version_counter.value, what, (a.dtype, tuple(a.shape))))
                 break
     return tuple(entries)
 
@@ -209,3 +270,71 @@ def _check_inputs(op, inputs):
             f"{op}: inputs have different dtypes ({names}); convert one with "
             ".to(dtype) so float32 work is not silently done in float64"
         )
+
+
+# -- saved-tensor hooks: the stack, and packing one array --------------------------
+_saved_hooks = []  # (pack, unpack) pairs, innermost last; None on top: no hooks (a recompute)
+
+
+def push_saved_tensors_hooks(pack_hook, unpack_hook):
+    _saved_hooks.append((pack_hook, unpack_hook))
+
+
+def push_no_saved_tensors_hooks():
+    """Inside a checkpoint's recompute: what ops save there is not packed by the caller's hooks."""
+    _saved_hooks.append(None)
+
+
+def pop_saved_tensors_hooks():
+    _saved_hooks.pop()
+
+
+def pack_saved(pack_hook, t):
+    """(pack_hook(t), the arrays in it now counted as saved activations: its tensors on t's device).
+
+    Run under no_grad. Whoever keeps the packed form releases those arrays' holds when done.
+    """
+    with tape.no_grad():
+        packed = pack_hook(t)
+    counted = [held.data for held in _tensors_in(packed) if held.device == t.device]
+    for a in counted:
+        memory.track(a, "activations")
+    return packed, counted
+
+
+def unpack_saved(unpack_hook, packed, op="an op"):
+    """unpack_hook(packed), under no_grad: the array for backward."""
+    from .tensor import Tensor  # imported here: tensor.py imports this module
+
+    with tape.no_grad():
+        t = unpack_hook(packed)
+    if not isinstance(t, Tensor):
+        raise TypeError(f"saved_tensors_hooks: the unpack hook returned a {type(t).__name__} for an array {op} "
+                        "saved; it must return a Tensor")
+    return t.data
+
+
+def _alias(a, tensors):
+    """A Tensor of array `a` that shares the version counter of the input or output it belongs to."""
+    from .tensor import Tensor  # imported here: tensor.py imports this module
+
+    alias = Tensor(a, device=backend.device_of(a))
+    owner = a if a.base is None else a.base
+    for t in tensors:
+        if t.data is owner or t.data.base is owner:
+            alias._version_counter = t._version_counter
+            break
+    return alias
+
+
+def _tensors_in(packed):
+    """The Tensors in what a pack hook returned (itself, or inside tuples, lists, dicts)."""
+    from .tensor import Tensor  # imported here: tensor.py imports this module
+
+    if isinstance(packed, Tensor):
+        return [packed]
+    if isinstance(packed, (tuple, list)):
+        return [t for p in packed for t in _tensors_in(p)]
+    if isinstance(packed, dict):
+        return [t for p in packed.values() for t in _tensors_in(p)]
+    return []

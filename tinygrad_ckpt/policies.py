@@ -1,16 +1,27 @@
 """Checkpoint policies: which ops of a checkpointed segment keep their results.
 
-A plain checkpoint recomputes the whole segment in backward. A policy, as in
-JAX (`jax.checkpoint_policies`) and Megatron-LM's selective recomputation
-(Korthikanti et al. 2022), decides op by op instead:
+A plain checkpoint recomputes what its backward needs of the segment
+(recompute.py). A policy decides op by op which results to keep from the
+forward instead, as JAX's do (`jax.checkpoint_policies`, jax 0.10.2,
+jax/_src/ad_checkpoint.py: asked about each primitive it traces):
 
     "save"       keep the op's outputs (and the arrays its backward needs) from
                  the forward; the recompute does not run it again
     "recompute"  keep nothing; the recompute runs it again
     "offload"    as "save", but kept arrays wait in host memory between forward
-                 and backward (PyTorch's `save_on_cpu`). On CuPy that frees GPU
-                 memory; on NumPy the arrays already live in host memory, so
-                 there is nothing to offload to and "offload" is "save".
+                 and backward, moved there and back by `save_on_cpu`'s hooks
+                 (autograd.py). On CuPy that frees GPU memory; on NumPy the
+                 arrays already live in host memory, so there is nothing to
+                 offload to and "offload" is "save".
+
+Megatron-LM's selective recomputation (Korthikanti et al. 2022) chooses
+whole modules, not ops: in Megatron Core 0.11 (core_v0.11.0,
+megatron/core/transformer/transformer_config.py) `recompute_granularity=
+"selective"` recomputes the core attention module; from Megatron Core 0.12
+(core_v0.12.0) it recomputes the modules listed in `recompute_modules`, by
+default `["core_attn"]` ("layernorm", "mlp", "moe_act", ... among the
+others). `selective_attention` below is the op-level counterpart of the
+default, recomputing the LayerNorms and GELU too; tutorial 5 compares them.
 
 A policy is any callable op name -> decision, for example
 
@@ -30,22 +41,25 @@ Wherever a policy is taken, a ready-made one may also be given by its name
 ("selective_attention"): see `resolve`.
 
 How it works, through the `Tape.run(op, ctx, arrays, options)` seam:
-  forward   the segment runs on checkpoint.SegmentTape, which hands each op
-            to `Stash.forward`. A kept op runs normally (so it saves what its
-            backward needs); the stash then keeps its outputs and saved
-            arrays. An array that is one of the op's inputs is not kept but
-            noted by position: in the recompute that input exists anyway. The
-            kept arrays go into the Checkpoint record's save_for_backward,
-            so they count as saved activations and are freed after backward.
-  backward  the segment runs again on a `ReplayTape`: each op is checked
-            against the forward's sequence; a recomputed op runs, a kept op
-            does not: its outputs and saved arrays come from the stash.
-            So "save_matmuls" never recomputes a matmul.
+  forward   the segment runs on recompute.SegmentTape, which asks `decide`
+            about each op. A kept op's outputs and saved arrays go into the
+            `Stash`: an array that is one of the op's inputs is not kept but
+            noted by position (in the recompute that input exists anyway).
+            The kept arrays go into the Checkpoint record's
+            save_for_backward, so they count as saved activations and are
+            freed after backward.
+  backward  recompute.RecomputeTape replays a kept op (`_Kept.replay`): its
+            outputs and saved arrays come from the stash, and it is not run.
+            So "save_matmuls" never recomputes a matmul. A checkpoint nested
+            inside the segment is never kept: it runs again.
 
-What does not live here: checkpointing itself (checkpoint.py).
+What does not live here: checkpointing itself (checkpoint.py), what the
+recompute runs and skips (recompute.py).
 """
 
-from . import backend, memory, tape
+from . import backend, function, memory
+from .autograd import save_on_cpu
+from .tensor import Tensor
 
 SAVE, RECOMPUTE, OFFLOAD = "save", "recompute", "offload"
 
@@ -113,35 +127,28 @@ def decide(policy, op):
 
 # -- the stash: what a policy kept from the forward ---------------------------
 class Stash:
-    """The ops a segment's forward ran, in order, with what the policy kept.
+    """What a segment's policy kept from its forward, op by op (recompute.SegmentTape asks it).
 
-    entries: per op, its name (recomputed) or a _Kept. arrays: the kept arrays
-    (counted as saved activations), handed over to the Checkpoint record at
-    the end of the forward. Offloaded arrays stay here, in host memory.
+    arrays: the kept arrays (counted as saved activations), handed over to
+    the Checkpoint record at the end of the forward. Offloaded arrays are
+    packed by save_on_cpu's hooks (autograd.py) and stay here, in host
+    memory; on NumPy there is no host to move to, and "offload" is "save".
     """
 
     def __init__(self, policy, segment_name):
         self.policy = policy
         self.segment_name = segment_name
-        self.entries = []
         self.arrays = []
 
-    def forward(self, op, ctx, arrays, options):
-        """Run one op of the segment's forward, keeping what the policy says."""
-        decision = decide(self.policy, op.__name__)
-        if decision == RECOMPUTE:
-            ctx.needs_input_grad = (False,) * len(arrays)  # so the op saves nothing
-            self.entries.append(op.__name__)
-            return op.run_forward(ctx, arrays, options)
-        out = op.run_forward(ctx, arrays, options)  # saves what its backward needs
-        self.entries.append(_Kept(self, op.__name__, ctx, arrays, options, out, decision == OFFLOAD))
-        ctx.free()  # the stash holds what it keeps; the op's own holds go
-        return out
+    def keep_op(self, name, ctx, arrays, options, out, decision):
+        """Keep what an op the policy saves produced: its outputs and what it saved."""
+        return _Kept(self, name, ctx, arrays, options, out, decision == OFFLOAD)
 
     def keep(self, a, offload):
         """A reference to array `a` that the replay can resolve."""
         if offload and backend.device_of(a) != "cpu":
-            return ("host", backend.to_host(a), backend.device_of(a))
+            packed, counted = function.pack_saved(_OFFLOAD.pack_hook, Tensor(a, device=backend.device_of(a)))
+            return ("packed", packed)
         for k, b in enumerate(self.arrays):
             if b is a:
                 return ("stash", k)
@@ -158,28 +165,39 @@ class Stash:
 
 
 class _Kept:
-    """One op the policy kept: its ctx attributes, outputs and saved arrays, by reference."""
+    """One op the policy kept: its ctx facts, outputs and saved arrays, by reference."""
 
     def __init__(self, stash, name, ctx, arrays, options, out, offload):
         self.name = name
+        outs = out if isinstance(out, tuple) else (out,)
         self.multiple = isinstance(out, tuple)
-        outs = out if self.multiple else (out,)
         self.needs_input_grad = ctx.needs_input_grad
-        self.attrs = {k: v for k, v in vars(ctx).items() if k not in ("op", "needs_input_grad", "saved_arrays", "saved_versions")}
+        self.attrs = {k: v for k, v in vars(ctx).items()
+                      if k not in ("op", "needs_input_grad", "saved_arrays", "saved_versions", "counted", "computed")}
         self.outputs = [stash.keep(o, offload) for o in outs]
         self.saved = [None if a is None else _where(a, arrays, options, outs) or stash.keep(a, offload)
                       for a in ctx.saved_arrays or ()]
 
-    def replay(self, ctx, arrays, options, stashed):
-        """Stand in for the op's forward: its outputs, and its ctx as the forward left it."""
+    def output(self, k, stashed):
+        """Its output k, from what was kept."""
+        return _resolve(self.outputs[k], None, None, None, stashed)
+
+    def replay(self, ctx, input_array, options, output, stashed):
+        """Stand in for the op's forward: its outputs, and its ctx as the forward left it.
+
+        input_array(i): the op's input i in the recompute; options: its options
+        there; output(k): its output k, as the recompute fetched it (self.output);
+        stashed: the record's kept arrays.
+        """
         if tuple(ctx.needs_input_grad) != tuple(self.needs_input_grad):
             raise RuntimeError(
                 f"checkpoint policy replay: {self.name} needs gradients for other inputs than in the "
                 "forward; the segment's inputs changed requires_grad between forward and backward"
             )
-        outs = [_resolve(r, arrays, options, None, stashed) for r in self.outputs]
+        outs = [output(k) for k in range(len(self.outputs))]
         ctx.__dict__.update(self.attrs)
-        ctx.save_for_backward(*(None if r is None else _resolve(r, arrays, options, outs, stashed) for r in self.saved))
+        ctx.save_for_backward(*(None if r is None else _resolve(r, input_array, options, outs, stashed)
+                                for r in self.saved))
         return tuple(outs) if self.multiple else outs[0]
 
 
@@ -197,51 +215,17 @@ def _where(a, arrays, options, outs):
     return None
 
 
-def _resolve(ref, arrays, options, outs, stashed):
+def _resolve(ref, input_array, options, outs, stashed):
     kind = ref[0]
     if kind == "input":
-        return arrays[ref[1]]
+        return input_array(ref[1])
     if kind == "option":
         return options[ref[1]]
     if kind == "output":
         return outs[ref[1]]
     if kind == "stash":
         return stashed[ref[1]]
-    return backend.to_device(ref[1], ref[2])  # "host": an offloaded array comes back
+    return function.unpack_saved(_OFFLOAD.unpack_hook, ref[1])  # "packed": an offloaded array comes back
 
 
-# -- the tape a policy's recompute runs on --------------------------------------
-class ReplayTape(tape.Tape):
-    """Records the recompute like a fresh Tape, but replays the ops the policy kept."""
-
-    def __init__(self, stash, stashed_arrays):
-        super().__init__()
-        self.stash = stash
-        self.stashed = stashed_arrays
-        self.position = 0
-
-    def run(self, op, ctx, arrays, options):
-        entries, i = self.stash.entries, self.position
-        expected = _name(entries[i]) if i < len(entries) else "nothing more"
-        if expected != op.__name__:
-            raise RuntimeError(
-                f"checkpoint: the recompute of segment '{self.stash.segment_name}' ran {op.__name__} "
-                f"as op #{i}, where its forward ran {expected}; a segment with a policy must run "
-                "the same ops in the same order each time"
-            )
-        self.position += 1
-        if isinstance(entries[i], str):
-            return op.run_forward(ctx, arrays, options)  # recomputed
-        return entries[i].replay(ctx, arrays, options, self.stashed)  # kept: not run again
-
-    def finish(self):
-        if self.position != len(self.stash.entries):
-            raise RuntimeError(
-                f"checkpoint: the recompute of segment '{self.stash.segment_name}' ran "
-                f"{self.position} ops, its forward ran {len(self.stash.entries)}; a segment with a "
-                "policy must run the same ops in the same order each time"
-            )
-
-
-def _name(entry):
-    return entry if isinstance(entry, str) else entry.name
+_OFFLOAD = save_on_cpu()  # the one way arrays move to the host and back (autograd.py)

@@ -1,8 +1,13 @@
 """The saved-activations report: which op saved which arrays for backward.
 
-Like JAX's `jax.ad_checkpoint.print_saved_residuals`: run a function on its
-inputs and list, record by record, every array an op kept with
-`ctx.save_for_backward` (shape, dtype, bytes), and the total.
+Run a function on its inputs and list, record by record, every array an op
+kept with `ctx.save_for_backward` (shape, dtype, bytes), and the total. JAX's
+`jax.ad_checkpoint.print_saved_residuals` answers the same question without
+running anything: it traces the function's VJP with `make_jaxpr` and lists
+the residuals of that trace, abstract shapes and dtypes (jax 0.11.0,
+jax/_src/ad_checkpoint.py, `saved_residuals`). Here the function runs, so
+the bytes are the ones memory.py measures, and the backward shows what a
+checkpoint recomputes.
 
     >>> import numpy
     >>> from tinygrad_ckpt import Tensor, nn
@@ -32,7 +37,9 @@ report measures that too and shows both):
 
 The report also runs one backward (on the output, or on the sum of its
 elements), so it sees what a checkpointed function recomputes: the ops that
-ran in the "recompute" phase, each with its FLOPs. `compare(before, after)`
+ran again in the "recompute" phase, each with its FLOPs (an op whose record
+a recompute rebuilt without running it, recompute.py, costs nothing and is
+not listed). `compare(before, after)`
 puts two reports side by side: the arrays only one of them saves, and what
 the other pays in recomputation instead. The backward puts gradients into
 the leaves' `.grad`, as any backward does; zero them before training on.
@@ -42,8 +49,8 @@ also importable from here): for comparing costs, not for predicting time.
 
 Why this sits beside the techniques and not among the instruments (bench/):
 it is the tape made visible, a tool a learner calls on a function of their
-own (as JAX users call print_saved_residuals) to see what a policy or a
-checkpoint changes, and the tutorials teach with it. The bench measures
+own (as JAX users call print_saved_residuals on theirs) to see what a policy
+or a checkpoint changes, and the tutorials teach with it. The bench measures
 through memory.py, not through this report.
 
 What does not live here: the accounting itself (memory.py), the analytic

@@ -19,11 +19,14 @@ explains each:
 
 The cost model, which `predict` computes and the planner minimises against:
 per layer, in_bytes (its input's buffer) and held_bytes (what it keeps for
-backward when run normally, its input included if it saves it). Walking the
-plan in forward order with P the bytes held so far, a stored segment adds
-its layers' held bytes to P; a checkpointed segment adds its input's bytes,
-and its recompute, during backward, holds P plus its layers' held bytes
-(or its inner plan's walk). The predicted peak is the largest of P at the
+backward when run normally, its input included if it saves it), and what
+recomputing it costs: its forward's seconds times the share of its forward
+a checkpoint's recompute runs again (recompute.py skips what backward does
+not need, and stops early at the end of a segment: a segment's last layer
+costs less than the others). Walking the plan in forward order with P the
+bytes held so far, a stored segment adds its layers' held bytes to P; a
+checkpointed segment adds its input's bytes, and its recompute, during
+backward, holds P plus its layers' held bytes (or its inner plan's walk). The predicted peak is the largest of P at the
 end of the forward plus `after_bytes` (what the model saves behind the
 chain: its head and loss) and every recompute's peak. These are
 saved-activation bytes, the "activations" memory.py counts; `walk` states
@@ -40,6 +43,7 @@ from dataclasses import dataclass
 
 from . import backend, memory, tape
 from .ops.flops import op_flops
+from .recompute import recompute_shares
 from .tensor import Tensor
 
 
@@ -52,13 +56,19 @@ class LayerCost:
     saved_bytes: int  # what it keeps for backward, apart from its input's buffer
     saves_input: bool  # whether it also keeps its input's buffer
     output_bytes: int
-    seconds: float = 1.0  # forward time: what recomputing it costs
+    seconds: float = 1.0  # forward time
     flops: int = 0  # forward FLOPs, counted from shapes (ops/flops.py)
+    recompute_share: float = 1.0  # the share of its forward a recompute runs, inside a segment
+    last_share: float = 1.0  # ... and as a segment's last layer, where the recompute stops early
 
     @property
     def held_bytes(self):
         """Bytes it holds between its forward and its backward when not checkpointed."""
         return self.saved_bytes + (self.input_bytes if self.saves_input else 0)
+
+    def recompute_seconds(self, last=False):
+        """What recomputing it costs: inside a checkpointed segment, or as its last layer."""
+        return self.seconds * (self.last_share if last else self.recompute_share)
 
 
 @dataclass
@@ -164,7 +174,9 @@ def measure_layers(layers, x, repeats=2, cost="time"):
     seconds. "flops": the chain's measured seconds shared out in proportion
     to the layers' FLOPs, so equal layers cost exactly the same and the
     plan is the same on every run (timing noise would otherwise pick among
-    equally good plans).
+    equally good plans). Either way a recompute costs the share of a
+    layer's forward FLOPs that a checkpoint's recompute runs again
+    (recompute.recompute_shares), inside a segment and at its end.
     """
     if cost not in ("time", "flops"):
         raise ValueError(f"measure_layers: cost must be 'time' or 'flops', got {cost!r}")
@@ -193,8 +205,9 @@ def measure_layers(layers, x, repeats=2, cost="time"):
         saved.pop(in_id, None)
         flops = sum(op_flops(n.name, n.input_shapes, n.shapes) for n in nodes)
         name = getattr(layer, "name", None) or type(layer).__name__
+        inside, last = recompute_shares(layer, Tensor(x.data, requires_grad=x.requires_grad, device=x.device))
         costs.append(LayerCost(f"{i}:{name}", inp.data.nbytes, sum(saved.values()), saves_input, y.data.nbytes,
-                               seconds, flops))
+                               seconds, flops, inside, last))
         x = Tensor(y.data, requires_grad=y.requires_grad, device=y.device)
     if cost == "flops":
         total_seconds, total_flops = sum(c.seconds for c in costs), sum(c.flops for c in costs)
@@ -227,7 +240,12 @@ def walk(costs, segments, P=0, input_held=False):
         nested segment [a, b)         P += in_a; its recompute is its inner
                                       plan, walked from P + in_a with that
                                       input counted already; it costs the
-                                      segment's forward plus the inner recompute
+                                      inner plan's forward plus its recompute
+
+    A checkpointed segment's recompute costs its layers' recompute shares,
+    the last one's share as a segment's last layer (`segment_recompute`).
+    Its bytes do not depend on how much it runs: a record the recompute
+    rebuilds without running its op saves the same arrays a run would.
 
     Backward walks the segments in reverse, so when a segment is recomputed
     the later ones are freed and the earlier ones still hold their bytes.
@@ -247,13 +265,36 @@ def walk(costs, segments, P=0, input_held=False):
         if isinstance(how, list):  # recomputed by running its inner plan
             inner_end, inner_peak, inner_recompute = walk(costs, how, base, input_held=True)
             peak = max(peak, inner_end, inner_peak)
-            recompute += inner_recompute
+            recompute += inner_recompute + _inner_forward(costs, how)
         else:
             held = sum(c.held_bytes for c in costs[a:b])
             peak = max(peak, base + held - (first.input_bytes if first.saves_input else 0))
-        recompute += sum(c.seconds for c in costs[a:b])
+            recompute += segment_recompute(costs, a, b)
         P = base
     return P, peak, recompute
+
+
+def segment_recompute(costs, a, b):
+    """What recomputing checkpointed layers a..b-1 costs: each layer's share, the last one's as the last."""
+    return sum(c.recompute_seconds() for c in costs[a:b - 1]) + costs[b - 1].recompute_seconds(last=True)
+
+
+def _inner_forward(costs, segments):
+    """What running an inner plan's forward costs inside the outer recompute.
+
+    A checkpointed part runs its whole forward (a checkpoint's forward, which
+    its own recompute repeats later); a stored part is recomputed as any
+    layers are, its last layer, if it ends the plan, as a segment's last.
+    """
+    cost = 0.0
+    for k, (a, b, how) in enumerate(segments):
+        if how:
+            cost += sum(c.seconds for c in costs[a:b])
+        elif k == len(segments) - 1:
+            cost += segment_recompute(costs, a, b)
+        else:
+            cost += sum(c.recompute_seconds() for c in costs[a:b])
+    return cost
 
 
 def plan_checkpoints(costs, budget, nested=True, after_bytes=0):
@@ -294,7 +335,7 @@ def minimum_budget(costs, nested=True, after_bytes=0):
     """The smallest peak of saved activations any plan reaches (bytes); nested=False: single-level plans."""
     if not costs:
         return after_bytes
-    least = predict(costs, _best_plan(costs, math.inf, [0] * len(costs), after_bytes), after_bytes)[0]
+    least = predict(costs, _best_plan(costs, math.inf, [(0, 0)] * len(costs), after_bytes), after_bytes)[0]
     if nested:
         least = min([least] + [p.peak_bytes for p in revolve_plans(costs, after_bytes)])
     return least
@@ -302,9 +343,13 @@ def minimum_budget(costs, nested=True, after_bytes=0):
 
 # -- the single-level planner's dynamic programming ---------------------------------
 def _cost_units(costs):
-    """Forward times as integers (1e-9 of the total): sums of the same layers compare equal."""
+    """Recompute costs as integers (1e-9 of the forward's total), so sums of the same layers compare equal.
+
+    Per layer: (inside a segment, as a segment's last layer).
+    """
     total = sum(c.seconds for c in costs) or 1.0
-    return [round(c.seconds / total * 1e9) for c in costs]
+    return [(round(c.recompute_seconds() / total * 1e9), round(c.recompute_seconds(last=True) / total * 1e9))
+            for c in costs]
 
 
 def _best_plan(costs, budget, units, after_bytes=0):
@@ -319,10 +364,10 @@ def _best_plan(costs, budget, units, after_bytes=0):
     a staircase with at most one state per distinct P.
     """
     n = len(costs)
-    held, cost = [0], [0]
-    for c, u in zip(costs, units):
+    held, cost = [0], [0]  # prefix sums: held bytes, recompute units inside a segment
+    for c, (inside, _) in zip(costs, units):
         held.append(held[-1] + c.held_bytes)
-        cost.append(cost[-1] + u)
+        cost.append(cost[-1] + inside)
     states = [[] for _ in range(n + 1)]
     states[0] = [(0, 0, 0, None, None)]
     for i in range(n):
@@ -338,7 +383,8 @@ def _best_plan(costs, budget, units, after_bytes=0):
                 peak = base + held[j] - held[i]
                 if peak > budget:
                     break  # longer segments only hold more
-                states[j].append((P + first.input_bytes, C + cost[j] - cost[i], max(M, peak), (i, j, True), state))
+                recomputed = cost[j - 1] - cost[i] + units[j - 1][1]  # layers i..j-2, then the last
+                states[j].append((P + first.input_bytes, C + recomputed, max(M, peak), (i, j, True), state))
     final = [s for s in _prune(states[n]) if max(s[0] + after_bytes, s[2]) <= budget]
     if not final:
         return None

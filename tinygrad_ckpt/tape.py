@@ -31,6 +31,18 @@ Tapes nest. `no_grad()` makes "no tape" active (nothing is recorded);
 `recording(Tape())` makes a fresh tape active, which is how a checkpoint
 segment re-runs its forward on a short-lived tape during backward.
 
+Where leaf gradients go is decided by the backward call, not by the walk:
+one call (`backward()`, `backward(inputs=[...])`, `autograd.grad(...)`) is
+a `GradientTask`, and every walk it starts, a checkpoint's inner walk
+included, delivers leaf gradients by its rules: into every leaf's .grad,
+into the named inputs' only, or into a dict that grad() returns.
+
+Gradient hooks (`Tensor.register_hook`): a computed tensor's hooks live on
+its record, per output, so they outlive the tensor, as PyTorch's do on its
+grad_fn; the walk calls them with the tensor's whole gradient just before
+the record's backward runs. A leaf's hooks live on the leaf; the task calls
+them once, with the leaf's whole gradient of this call, when the walk ends.
+
 Checks the walk makes, each raising before it runs a record's backward:
   * a saved array whose tensor was modified in place since it was saved
     (its version moved on; see tensor.py): PyTorch's "modified by an
@@ -41,8 +53,9 @@ Checks the walk makes, each raising before it runs a record's backward:
     mode's switch and its checks live here, because the walk and
     `Function.apply` read them on every op; a normal run pays one flag test.
 
-What does not live here: how an op is written (function.py), checkpointing
-(checkpoint.py), the public switch of anomaly mode (autograd.py).
+What does not live here: how an op is written and what it saves
+(function.py), checkpointing (checkpoint.py, recompute.py), the public
+faces (`autograd.grad`, `detect_anomaly`: autograd.py).
 """
 
 import itertools
@@ -51,6 +64,8 @@ import sys
 import traceback
 import weakref
 from contextlib import contextmanager
+
+import numpy
 
 from . import backend, memory
 
@@ -69,7 +84,7 @@ class Node:
     """
 
     __slots__ = ("op", "ctx", "edges", "_inputs", "input_shapes", "outputs", "shapes", "dtypes",
-                 "tape", "index", "stack", "__weakref__")
+                 "tape", "index", "stack", "hooks", "__weakref__")
 
     def __init__(self, op, ctx, inputs, outputs):
         self.op = op  # the Function subclass; its backward is op.backward
@@ -84,7 +99,18 @@ class Node:
         for t in outputs:
             t._node = self
             t._recorded_version = t._version_counter.value  # what this record computed
+        self.hooks = None  # {output index: [hook, ...]} once register_hook is called (module docstring)
         # `stack`, where the record was created, is set in anomaly mode only (see there).
+
+    @classmethod
+    def rebuilt(cls, op, ctx, edges, input_shapes, shapes, dtypes, hooks=None):
+        """A record made without running its op: a checkpoint's recompute rebuilds the
+        records whose forward it skips from what the segment's forward noted (recompute.py)."""
+        node = cls.__new__(cls)
+        node.op, node.ctx, node.edges, node._inputs = op, ctx, tuple(edges), ()
+        node.input_shapes, node.outputs, node.shapes, node.dtypes = tuple(input_shapes), (), tuple(shapes), tuple(dtypes)
+        node.hooks = hooks
+        return node
 
     @property
     def inputs(self):
@@ -112,14 +138,12 @@ class Node:
     @property
     def activation_nbytes(self):
         """Bytes this record keeps for backward, parameters left out (they live anyway)."""
-        arrays = self.ctx.saved_arrays or ()
-        return sum(a.nbytes for a in arrays if a is not None and memory.category(a) != "parameters")
+        return sum(a.nbytes for a in self.ctx.held_arrays() if memory.category(a) != "parameters")
 
     @property
     def saved_parameters(self):
         """How many parameters this record keeps for backward (listed, not charged)."""
-        arrays = self.ctx.saved_arrays or ()
-        return sum(1 for a in arrays if a is not None and memory.category(a) == "parameters")
+        return sum(1 for a in self.ctx.held_arrays() if memory.category(a) == "parameters")
 
     def __repr__(self):
         shapes = ", ".join(str(s) for s in self.shapes)
@@ -142,6 +166,7 @@ class Tape:
     """
 
     label = "the tape"  # how error messages name it; a checkpoint's recompute tape says whose it is
+    replays_hooks = False  # True on a checkpoint's recompute tape: register_hook does nothing there
 
     def __init__(self):
         self.number = next(_numbers)
@@ -158,7 +183,7 @@ class Tape:
             self._next_prune = 2 * len(self.records) + 1024
 
     def run(self, op, ctx, arrays, options):
-        """Run one op's forward. A checkpoint policy's tape overrides this."""
+        """Run one op's forward. A checkpoint's tapes override this (recompute.py)."""
         return op.run_forward(ctx, arrays, options)
 
     def nodes(self):
@@ -175,12 +200,39 @@ class Tape:
         lines += ["  " + repr(n) for n in nodes]
         return "\n".join(lines)
 
-    def backward(self, tensors, grads, retain_graph=False):
-        """Reverse-mode sweep: add d(tensors)/d(leaf) * grads into every leaf's .grad.
+    def backward(self, tensors, grads, retain_graph=False, own_leaves=()):
+        """Reverse-mode sweep: d(tensors)/d(leaf) * grads, delivered as the backward call decides.
 
+        Called from `Tensor.backward` and `autograd.grad` (through
+        `run_backward`, which makes the call's GradientTask), and by a
+        checkpoint's record for its inner walk, which joins the running task.
         `tensors` may also be gradient edges (`get_gradient_edge(t)`), as in
         PyTorch: then the tensors themselves, and their arrays, may be gone.
+        own_leaves: leaves whose gradients this walk adds to their own .grad,
+        whatever the task says (a checkpoint's stand-ins for its inputs).
+        Returns the gradients left for records of other tapes, {edge: array}:
+        a checkpoint's inner walk hands them on to the outer record (a tensor
+        the segment read from outside it).
         """
+        global _task
+        task = _task if _task is not None else GradientTask()  # a walk started directly: a plain backward
+        previous, _task = _task, task
+        task.depth += 1
+        try:
+            pending = self._walk(tensors, grads, retain_graph, task, {id(t) for t in own_leaves})
+        finally:
+            task.depth -= 1
+            _task = previous
+        for record, _ in pending:  # a gradient that found no live record to go to
+            if record.freed:
+                _raise_freed(record)
+        if not retain_graph:  # freed records will never be walked again
+            self.records = [r for r in self.records if r() is not None and not r().freed]
+        return pending
+
+
+    def _walk(self, tensors, grads, retain_graph, task, own):
+        """backward's loop: each record, newest first, gets its outputs' gradients and hands on its inputs'."""
         pending = {}  # (record, output index) -> gradient array not yet handed to that record
         if anomaly_mode:
             for g in grads:
@@ -190,7 +242,7 @@ class Tape:
         # new array once the old one is freed, and would force a needless copy.
         seen = {id(g): weakref.ref(g) for g in grads}
         for t, g in zip(tensors, grads):
-            _deliver(t if isinstance(t, tuple) else _edge(t), g, pending, seen)
+            _deliver(t if isinstance(t, tuple) else _edge(t), g, pending, seen, task, own)
         tensors = None  # the edges are all the walk needs
         with memory.phase("backward" if memory.tracker.phase != "recompute" else "recompute"):
             for ref in reversed(self.records):
@@ -200,8 +252,14 @@ class Tape:
                 out_grads = [pending.pop((node, i), None) for i in range(len(node.shapes))]
                 if all(g is None for g in out_grads):
                     continue  # this record does not lead to what we differentiate
+                if node.hooks:
+                    out_grads = run_tensor_hooks(node, out_grads)
+                if task.watched:
+                    task.capture_outputs(node, out_grads, seen)
                 if node.freed:
                     _raise_freed(node)
+                if node.ctx.packed is not None:
+                    node.ctx.unpack()  # saved_tensors_hooks: the saved arrays come back (function.py)
                 if node.ctx.saved_versions:
                     check_versions(node)
                 out_grads = [g if g is not None else _zeros(node, i, out_grads) for i, g in enumerate(out_grads)]
@@ -210,9 +268,11 @@ class Tape:
                     check_gradients(node, out_grads, in_grads)
                 if not retain_graph:
                     node.ctx.free()
+                elif node.ctx.packed is not None:
+                    node.ctx.repack()  # keep the packed form for the next backward, drop the arrays
                 for edge, g in zip(node.edges, in_grads):
                     if g is not None and (edge[0] is not None or edge[1] is not None):
-                        _deliver(edge, g, pending, seen)
+                        _deliver(edge, g, pending, seen, task, own)
                 # Drop this record's gradients now, not when the next record's
                 # backward reassigns the names: else they outlive their use.
                 out_grads = in_grads = g = None
@@ -222,11 +282,98 @@ class Tape:
                     # is dropped, so memory falls during backward as in PyTorch.
                     node.release_graph()
                 memory.tracker.event(node.name, kind="backward", tape=self.number, record=node.index)
-        for record, _ in pending:  # a gradient that found no live record to go to
-            if record.freed:
-                _raise_freed(record)
-        if not retain_graph:  # freed records will never be walked again
-            self.records = [r for r in self.records if r() is not None and not r().freed]
+        if task.depth == 1:
+            task.finish(seen)
+        return pending
+
+def run_backward(tensors, grads, retain_graph=False, inputs=None, capture=False):
+    """One backward call: a GradientTask, then the walk of the tape the tensors were recorded on.
+
+    inputs: None (every leaf that requires grad gets its .grad) or the tensors
+    that alone receive gradients; capture: return them ({id: array}) instead
+    of adding them to .grad (autograd.grad). Returns the task.
+    """
+    task = GradientTask(inputs, capture)
+    records = [t._node for t in tensors if t._node is not None]
+    if any(r.index < 0 for r in records):
+        raise RuntimeError(
+            "backward inside a checkpointed function's forward: the segment's forward keeps no records "
+            "(a checkpoint records the whole segment as one, checkpoint.py), so there is nothing to walk. "
+            "Take the gradient outside the checkpoint, or do not checkpoint this function.")
+    owner = records[0].tape if records else Tape()
+    if any(r.tape is not owner for r in records):
+        raise RuntimeError("backward: the outputs were recorded on different tapes; differentiate each "
+                           "tape's outputs in a call of its own")
+    global _task
+    previous, _task = _task, task
+    try:
+        owner.backward(tensors, grads, retain_graph=retain_graph)
+    finally:
+        _task = previous
+    return task
+
+
+class GradientTask:
+    """One backward call: which tensors receive gradients, and where.
+
+    Every walk the call starts (a checkpoint's inner walk too) delivers leaf
+    gradients through it, so `backward(inputs=...)` and `autograd.grad` see
+    through checkpointed segments. Leaves with hooks, and the leaves grad()
+    returns, are summed first and delivered once, when the call's outermost
+    walk ends, so a hook sees the leaf's whole gradient, as in PyTorch.
+    """
+
+    def __init__(self, inputs=None, capture=False):
+        self.only = None if inputs is None else {id(t): t for t in inputs}
+        self.capture = capture
+        self.captured = {}  # id(tensor) -> its gradient (capture=True)
+        self.deferred = {}  # id(leaf) -> [leaf, summed gradient, whether that array is ours to keep]
+        # Computed (non-leaf) tensors among `inputs`: their gradient is taken as it reaches their record.
+        self.watched = {_edge(t): t for t in (inputs or ()) if t._node is not None}
+        self.depth = 0  # walks of this call running now (a checkpoint's inner walk is the second)
+
+    def to_leaf(self, t, g, seen, own):
+        """Gradient `g` for leaf `t`: into its .grad now, or summed until the call ends."""
+        if id(t) in own:
+            _accumulate(t, g, seen)
+        elif self.only is not None and id(t) not in self.only:
+            return  # not asked for (backward(inputs=...), grad())
+        elif self.capture or t._hooks:
+            entry = self.deferred.get(id(t))
+            if entry is None:
+                self.deferred[id(t)] = [t, g, g.base is None and not _placed(g, seen)]
+            else:
+                entry[1], entry[2] = backend.as_array(entry[1] + g), True  # out of place: g may be shared
+            seen[id(g)] = weakref.ref(g)
+        else:
+            _accumulate(t, g, seen)
+
+    def capture_outputs(self, node, out_grads, seen):
+        """The gradient of a watched computed tensor, whole, as it reaches its record."""
+        for i, g in enumerate(out_grads):
+            t = self.watched.get((node, i))
+            if t is None or g is None:
+                continue
+            if self.capture:
+                self.captured[id(t)] = g.copy() if id(t) not in self.captured else self.captured[id(t)] + g
+            else:
+                _accumulate(t, g.copy(), seen)  # a computed tensor's .grad, as backward(inputs=[it]) asks
+
+    def finish(self, seen):
+        """At the end of the call's outermost walk: hooks on leaves, then their gradients delivered."""
+        deferred, self.deferred = self.deferred, {}
+        for t, g, ours in deferred.values():
+            if t._hooks:
+                g = _call_hooks(t._hooks, g, "a leaf tensor's hook")
+                ours = ours and not _placed(g, seen)
+            if self.capture:
+                self.captured[id(t)] = g if ours else g.copy()
+            else:
+                _accumulate(t, g if ours else g.copy(), seen)
+
+
+_task = None  # the GradientTask of the backward call running now, if any
+
 
 
 def _raise_freed(node):
@@ -242,10 +389,11 @@ def check_versions(node):
     """Raise if a tensor whose array `node` saved was modified in place since (PyTorch's check).
 
     `node.ctx.saved_versions` holds (version counter, version when saved, what,
-    array) per saved array that is some tensor's (see Function.apply): one
-    integer compare each.
+    (dtype, shape)) per saved array that is some tensor's (see Function.apply):
+    one integer compare each. Not the array itself: a saved_tensors_hooks pack
+    may have moved it (save_on_cpu), and this must not keep it alive.
     """
-    for counter, version, what, array in node.ctx.saved_versions:
+    for counter, version, what, (dtype, shape) in node.ctx.saved_versions:
         if counter.value != version:
             if isinstance(what, tuple):  # ("input", i) or ("output", j) of this op
                 what = f"{what[0]} {what[1]} of {node.describe()}"
@@ -253,7 +401,7 @@ def check_versions(node):
                 what = f"{what}, in {node.describe()}"
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{array.dtype} tensor of shape {tuple(array.shape)}], which is "
+                f"inplace operation: [{dtype} tensor of shape {tuple(shape)}], which is "
                 f"{what}, is at version {counter.value}; expected version {version} instead. "
                 f"Hint: {_version_hint(node)}"
             )
@@ -306,28 +454,33 @@ def _edge(t):
     return (node, next(i for i, o in enumerate(node.outputs) if o() is t))
 
 
-def _deliver(edge, g, pending, seen):
-    """Add gradient `g` along `edge`: into a leaf's .grad, or a record's pending sum."""
+def _deliver(edge, g, pending, seen, task, own=()):
+    """Add gradient `g` along `edge`: to a leaf (as the task says), or to a record's pending sum."""
     record, t = edge
-    if record is None:  # a leaf: accumulate into .grad, as PyTorch does
-        if t.grad is None:
-            # Take `g` as the new .grad only if nothing else refers to it (it is
-            # not a view, and no other tensor got it); else copy, so that a later
-            # in-place update of one .grad can never change another.
-            owned = g if (g.base is None and not _placed(g, seen)) else g.copy()
-            from .tensor import Tensor  # imported here: tensor.py imports this module
-
-            t.grad = Tensor(owned, device=t.device)  # a plain Tensor even for a Parameter, as in PyTorch
-            memory.track(owned, "gradients")
-        else:
-            t.grad.data += g
-        seen[id(g)] = weakref.ref(g)
+    if record is None:
+        task.to_leaf(t, g, seen, own)
     else:
         entry = pending.get(edge)
         total = g if entry is None else backend.as_array(entry + g)  # out of place: g may be shared; 0-d stays an array
         memory.track(total)
         pending[edge] = total
         seen[id(total)] = weakref.ref(total)
+
+
+def _accumulate(t, g, seen):
+    """t.grad += g, as PyTorch's AccumulateGrad: the first gradient becomes .grad."""
+    if t.grad is None:
+        # Take `g` as the new .grad only if nothing else refers to it (it is
+        # not a view, and no other tensor got it); else copy, so that a later
+        # in-place update of one .grad can never change another.
+        owned = g if (g.base is None and not _placed(g, seen)) else g.copy()
+        from .tensor import Tensor  # imported here: tensor.py imports this module
+
+        t.grad = Tensor(owned, device=t.device)  # a plain Tensor even for a Parameter, as in PyTorch
+        memory.track(owned, "gradients")
+    else:
+        t.grad.data += g
+    seen[id(g)] = weakref.ref(g)
 
 
 def _placed(g, seen):
@@ -340,6 +493,105 @@ def _zeros(node, i, out_grads):
     """The gradient of an output nobody used: zeros of its shape, where the others' are."""
     xp = backend.array_module(*(g for g in out_grads if g is not None))
     return xp.zeros(node.shapes[i], dtype=node.dtypes[i])
+
+
+# -- gradient hooks (Tensor.register_hook) -----------------------------------------
+class RemovableHandle:
+    """What register_hook returns: `handle.remove()` takes the hook off again (PyTorch's name)."""
+
+    def __init__(self, hooks=None, hook=None):
+        self.hooks, self.hook = hooks, hook
+
+    def remove(self):
+        if self.hooks is not None and any(h is self.hook for h in self.hooks):
+            self.hooks.remove(self.hook)
+
+
+def register_hook(t, hook):
+    """Call hook(grad) with t's whole gradient in every backward; its result, if not None, replaces it.
+
+    On a computed tensor the hook goes on its record (for that output), so it
+    runs even if t itself is gone by backward; on a leaf, on the leaf. While a
+    checkpoint recomputes a segment, registering does nothing: the hooks its
+    forward registered are the ones its backward runs (recompute.py).
+    """
+    if not callable(hook):
+        raise TypeError(f"register_hook takes a callable hook(grad) -> Tensor or None, got {type(hook).__name__}")
+    active = _stack[-1]
+    if active is not None and active.replays_hooks:
+        return RemovableHandle()
+    if t._node is None:
+        if t._hooks is None:
+            t._hooks = []
+        hooks = t._hooks
+    else:
+        node, i = _edge(t)
+        if node.hooks is None:
+            node.hooks = {}
+        hooks = node.hooks.setdefault(i, [])
+    hooks.append(hook)
+    return RemovableHandle(hooks, hook)
+
+
+def run_tensor_hooks(node, out_grads):
+    """The record's hooks, per output, on the whole gradient of that output (None: nothing reached it)."""
+    return [g if g is None or not node.hooks.get(i) else
+            _call_hooks(node.hooks[i], g, f"a hook on output {i} of {node.describe()}")
+            for i, g in enumerate(out_grads)]
+
+
+def _call_hooks(hooks, g, what):
+    """g through each hook in turn, under no_grad; a hook returns None (keep g) or the new gradient."""
+    from .tensor import Tensor  # imported here: tensor.py imports this module
+
+    for hook in list(hooks):
+        with no_grad():
+            new = hook(Tensor(g, device=backend.device_of(g)))
+        if new is None:
+            continue
+        new = new.data if isinstance(new, Tensor) else backend.as_array(new)
+        if tuple(new.shape) != tuple(g.shape) or new.dtype != g.dtype:
+            raise RuntimeError(
+                f"{what} returned a gradient of shape {tuple(new.shape)} and dtype {new.dtype}, but the gradient "
+                f"it was given has shape {tuple(g.shape)} and dtype {g.dtype}; a hook may change the values "
+                "only (return None to keep them)")
+        g = new
+    return g
+
+
+# -- placeholders: what a recompute hands on for an op it does not run --------------
+# A checkpoint's recompute skips ops whose results backward does not need
+# (recompute.py). The code of the segment still runs around them, so each
+# skipped op hands on placeholder arrays of the right shape and dtype: a
+# zero-stride broadcast of one NaN (no memory), read-only. Reading their
+# values through a Tensor (item(), numpy(), a comparison, an index...) raises
+# PlaceholderRead, and the checkpoint then recomputes the segment in full.
+_placeholder_bases = weakref.WeakValueDictionary()  # id(0-d base) -> base, for the placeholders alive
+
+
+class PlaceholderRead(RuntimeError):
+    """Raised when code reads the values of a tensor that a checkpoint's recompute did not compute."""
+
+
+def placeholder(shape, dtype, device):
+    xp = backend.module_for(device)
+    base = xp.full((), numpy.nan if numpy.dtype(dtype).kind in "fc" else 0, dtype=dtype)
+    _placeholder_bases[id(base)] = base
+    return xp.broadcast_to(base, shape)
+
+
+def is_placeholder(array):
+    if not _placeholder_bases:
+        return False
+    base = backend.storage(array)
+    return _placeholder_bases.get(id(base)) is base
+
+
+def raise_placeholder_read(what):
+    raise PlaceholderRead(
+        f"{what}: this tensor was not computed: a checkpoint's recompute skipped the op that makes it, since "
+        "backward does not need its result. (Inside the recompute the checkpoint then runs the segment in full; "
+        "outside it, the values were never there: keep what you need from the forward's own tensors.)")
 
 
 # -- which tape is active -----------------------------------------------------

@@ -2,8 +2,9 @@
 
 Names and meanings follow PyTorch: `.data` is the backend array (NumPy or
 CuPy), `.grad` a Tensor or None, `.requires_grad`, `.shape`, `.dtype`,
-`.device`, `.numpy()`, `.item()`, `.detach()`, `.to(...)`, and
-`backward()`. The arithmetic methods are sugar: each calls one op's `apply`
+`.device`, `.numpy()`, `.item()`, `.detach()`, `.to(...)`,
+`backward(gradient, retain_graph, create_graph, inputs)` and
+`register_hook(hook)` (the walk keeps and calls the hooks: tape.py). The arithmetic methods are sugar: each calls one op's `apply`
 (ops/), so everything differentiable happens in the ops, and here there is
 only plumbing.
 
@@ -49,7 +50,7 @@ class VersionCounter:
 
 class Tensor:
     __slots__ = ("data", "grad", "requires_grad", "_node", "_version_counter", "_recorded_version",
-                 "__weakref__")
+                 "_hooks", "__weakref__")
     __array_ufunc__ = None  # NumPy's operators defer to ours: numpy.float64(0.5) * t is a Tensor
 
     def __init__(self, data, requires_grad=False, dtype=None, device=None):
@@ -79,6 +80,7 @@ class Tensor:
         self.grad = None
         self.requires_grad = requires_grad
         self._node = None  # the tape record that produced this tensor; None for a leaf
+        self._hooks = None  # a leaf's gradient hooks (register_hook); a computed tensor's live on its record
         # The same memory as `source` (no copy was made): the same version counter.
         shared = source is not None and data is source.data
         self._version_counter = source._version_counter if shared else VersionCounter()
@@ -128,20 +130,26 @@ class Tensor:
         grad = ", requires_grad=True" if self.requires_grad else ""
         node = f", grad_fn={self._node.name}" if self._node is not None else ""
         dev = "" if self.device == "cpu" else f", device='{self.device}'"
-        return f"Tensor({backend.to_host(self.data)!r}{dev}{grad}{node})"
+        return f"Tensor({backend.to_host(self._values('repr()'))!r}{dev}{grad}{node})"
+
+    def _values(self, what):
+        """self.data, for code that reads the values; an error if a checkpoint's recompute skipped them."""
+        if tape.is_placeholder(self.data):
+            tape.raise_placeholder_read(what)
+        return self.data
 
     # -- moving and converting ---------------------------------------------
     def numpy(self):
         """A host NumPy array (a copy if the tensor is on the GPU)."""
-        return backend.to_host(self.data)
+        return backend.to_host(self._values("numpy()"))
 
     def item(self):
         if self.data.size != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
-        return backend.to_host(self.data).item()
+        return backend.to_host(self._values("item()")).item()
 
     def tolist(self):
-        return backend.to_host(self.data).tolist()
+        return backend.to_host(self._values("tolist()")).tolist()
 
     def detach(self):
         """The same array, cut from the tape (shares memory and the version counter, as in PyTorch)."""
@@ -178,33 +186,47 @@ class Tensor:
         return self.to("cuda")
 
     # -- gradients -------------------------------------------------------------
-    def backward(self, gradient=None, retain_graph=False):
-        """Add d(self)/d(leaf) into every leaf's .grad (PyTorch semantics)."""
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Add d(self)/d(leaf) into every leaf's .grad (PyTorch semantics).
+
+        inputs: a tensor or a sequence of tensors: only they accumulate a
+        gradient (into .grad; a computed tensor too), nothing else is touched.
+        retain_graph: keep the saved arrays for another backward (default:
+        create_graph). create_graph=True is not supported: see autograd.grad.
+        """
+        _no_create_graph(create_graph, "backward()")
         if not self.requires_grad:
             raise RuntimeError(
                 "backward() on a tensor that does not require grad: no input of the "
                 "computation had requires_grad=True (or it ran under no_grad())"
             )
-        if gradient is None:
-            if self.data.size != 1:
-                raise RuntimeError(
-                    f"backward() on a tensor of shape {self.shape} needs a gradient argument "
-                    "of the same shape; implicit gradients exist only for scalar outputs "
-                    "(reduce with .sum() or .mean() first)"
-                )
-            grad = backend.array_module(self.data).ones(self.shape, dtype=self.dtype)
-        else:
-            grad = gradient.data if isinstance(gradient, Tensor) else gradient
-            if tuple(grad.shape) != self.shape:
-                raise ValueError(f"backward(): gradient has shape {tuple(grad.shape)}, expected {self.shape}")
+        grad = _gradient_for(self, gradient, "backward()")
         if self._node is not None and self._version != self._recorded_version:
             tape.raise_changed_since_recorded("backward()", [self])
-        owner = self._node.tape if self._node is not None else tape.Tape()
-        owner.backward([self], [grad], retain_graph=retain_graph)
+        if inputs is not None:
+            inputs = _differentiated(inputs, "backward(inputs=...)")
+        tape.run_backward([self], [grad], retain_graph=bool(retain_graph), inputs=inputs)
+
+    def register_hook(self, hook):
+        """Call hook(grad) with this tensor's gradient in every backward; a Tensor it returns replaces it.
+
+        As PyTorch's: on a computed tensor it runs when the gradient reaches
+        the op that made the tensor (even if the tensor itself is gone), on
+        a leaf before the gradient is added to .grad; returns a handle whose
+        remove() takes the hook off. Inside a checkpointed segment, the hooks
+        registered in its forward run in its recomputed backward.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        return tape.register_hook(self, hook)
 
     # -- in place (bumps the version counter; see the module docstring) ---------
     def _write(self, *sources):
         """Check that an in-place write into self is allowed (from `sources`), before it is made."""
+        self._values("an in-place operation")
+        for s in sources:
+            if isinstance(s, Tensor):
+                s._values("an in-place operation")
         if not tape.is_grad_enabled():
             return
         if self.requires_grad and self._node is None:
@@ -347,16 +369,16 @@ class Tensor:
 
     # Comparisons give boolean tensors (no gradient), as in PyTorch.
     def __lt__(self, other):
-        return Tensor(self.data < _raw(other), device=self.device)
+        return Tensor(self._values("a comparison") < _raw(other), device=self.device)
 
     def __le__(self, other):
-        return Tensor(self.data <= _raw(other), device=self.device)
+        return Tensor(self._values("a comparison") <= _raw(other), device=self.device)
 
     def __gt__(self, other):
-        return Tensor(self.data > _raw(other), device=self.device)
+        return Tensor(self._values("a comparison") > _raw(other), device=self.device)
 
     def __ge__(self, other):
-        return Tensor(self.data >= _raw(other), device=self.device)
+        return Tensor(self._values("a comparison") >= _raw(other), device=self.device)
 
     def exp(self):
         return elementwise.Exp.apply(self)
@@ -395,7 +417,7 @@ class Tensor:
         return reduce.Max.apply(self, axis=axis, keepdims=keepdims)
 
     def argmax(self, axis=None):
-        return Tensor(self.data.argmax(axis=axis), device=self.device)
+        return Tensor(self._values("argmax()").argmax(axis=axis), device=self.device)
 
     def softmax(self, axis=-1):
         return nn.Softmax.apply(self, axis=axis)
@@ -484,7 +506,8 @@ def _is_backend_array(x):
 
 
 def _raw(x):
-    return x.data if isinstance(x, Tensor) else x
+    """A Tensor's array, for code that reads its values (see Tensor._values); anything else as it is."""
+    return x._values("reading a tensor's values") if isinstance(x, Tensor) else x
 
 
 def _raw_index(index, device):
@@ -493,6 +516,45 @@ def _raw_index(index, device):
         return tuple(_raw_index(i, device) for i in index)
     index = _raw(index)
     return backend.to_device(index, device) if isinstance(index, numpy.ndarray) else index
+
+
+def _no_create_graph(create_graph, where):
+    if create_graph:
+        raise NotImplementedError(
+            f"{where}: create_graph=True (higher-order gradients) is not supported. Backward here is written "
+            "over raw arrays, not recorded on a tape, so that every byte saved for it stays visible and "
+            "counted; a gradient of a gradient would need backward itself to be recorded, as PyTorch does. "
+            "Use PyTorch or JAX for Hessian-vector products and the like.")
+
+
+def _gradient_for(t, gradient, where):
+    """The array of the gradient with respect to t: given, or ones for a one-element output."""
+    if gradient is None:
+        if t.data.size != 1:
+            raise RuntimeError(
+                f"{where} on a tensor of shape {t.shape} needs a gradient argument "
+                "of the same shape; implicit gradients exist only for scalar outputs "
+                "(reduce with .sum() or .mean() first)"
+            )
+        return backend.array_module(t.data).ones(t.shape, dtype=t.dtype)
+    grad = gradient.data if isinstance(gradient, Tensor) else gradient
+    if tuple(grad.shape) != t.shape:
+        raise ValueError(f"{where}: gradient has shape {tuple(grad.shape)}, expected {t.shape}")
+    return grad
+
+
+def _differentiated(inputs, where):
+    """inputs as a list of tensors that require grad (a Tensor alone, or a sequence of them)."""
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    if not inputs:
+        raise ValueError(f"{where}: inputs is empty; pass the tensors to differentiate with respect to")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{where}: inputs[{i}] is a {type(t).__name__}, not a Tensor")
+        if not t.requires_grad:
+            raise RuntimeError(f"{where}: inputs[{i}] (shape {t.shape}) does not require grad; "
+                               "one of the differentiated Tensors does not require grad")
+    return inputs
 
 
 # -- constructors --------------------------------------------------------------

@@ -63,6 +63,7 @@ import numpy
 from . import backend, memory, nn, policies, random, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
+from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
 from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
@@ -97,7 +98,9 @@ class TrainingArguments:
                                                  "(model.gradient_checkpointing_enable())")
     gradient_checkpointing_kwargs: dict = _field(
         None, "with gradient_checkpointing: its arguments, e.g. "
-              "{\"segments\": \"sqrt\", \"policy\": \"selective_attention\"} (None: every block, full recompute)")
+              "{\"segments\": \"sqrt\", \"policy\": \"selective_attention\"} (None: every block, full recompute); "
+              "{\"use_reentrant\": false} is accepted, as in Hugging Face's snippets (this checkpoint is the "
+              "non-reentrant kind)")
     learning_rate: float = _field(1e-3, "peak learning rate, after warmup")
     weight_decay: float = _field(0.0, "AdamW: decoupled weight decay; SGD: added to the gradient")
     adam_beta1: float = _field(0.9, "AdamW's first-moment decay")
@@ -185,11 +188,20 @@ class TrainingArguments:
         kwargs = self.gradient_checkpointing_kwargs
         if kwargs is None:
             return
-        if not isinstance(kwargs, dict) or not set(kwargs) <= {"segments", "policy", "split_blocks"}:
+        if not isinstance(kwargs, dict) or not set(kwargs) <= {"segments", "policy", "split_blocks", "use_reentrant"}:
             raise ValueError(
-                f"gradient_checkpointing_kwargs must be a dict with some of the keys 'segments', 'policy' and "
-                f"'split_blocks' (model.gradient_checkpointing_enable's arguments), got {kwargs!r}"
+                f"gradient_checkpointing_kwargs must be a dict with some of the keys 'segments', 'policy', "
+                f"'split_blocks' (model.gradient_checkpointing_enable's arguments) and 'use_reentrant' (false), "
+                f"got {kwargs!r}"
             )
+        if "use_reentrant" in kwargs:
+            value = kwargs["use_reentrant"]
+            if value is not None and not isinstance(value, (bool, numpy.bool_)):
+                raise ValueError(f"gradient_checkpointing_kwargs['use_reentrant'] must be false, got {value!r}")
+            try:
+                check_options(use_reentrant=value)
+            except ValueError as e:  # True: the error that explains the two kinds of checkpoint
+                raise ValueError(f"gradient_checkpointing_kwargs['use_reentrant']: {e}") from None
         if not isinstance(kwargs.get("split_blocks", False), bool):
             raise ValueError(f"gradient_checkpointing_kwargs['split_blocks'] must be true or false, "
                              f"got {kwargs['split_blocks']!r}")

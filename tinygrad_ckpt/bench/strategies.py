@@ -22,7 +22,10 @@ steps are timed. A row reports:
   * the recompute in FLOPs (ops/flops.py over the timeline's recompute
     events), as the theoretical slowdown (3F + R) / 3F: a training step is
     about three forwards (backward of a matmul is two matmuls), and R is
-    what checkpointing does again, at most one more forward F.
+    what checkpointing does again, at most one more forward F; beside it,
+    R for the same strategy with a full recompute (early_stop=False: every
+    op of a segment again), one more step counted: what early stop and the
+    skipped ops save (recompute.py).
 
 `collect(config, progress)` measures a set and returns every figure;
 `render(results)` makes the Markdown tables of them.
@@ -87,14 +90,22 @@ F32 = 4
 
 
 # -- one training step per strategy --------------------------------------------------
-def checkpointing(model, segments, policy, split_blocks=False):
+def checkpointing(model, segments, policy, split_blocks=False, early_stop=True):
     """Switch the model's block checkpointing to `segments` (None: off), as a user would."""
     if segments is None:
         model.gradient_checkpointing_disable()
     elif split_blocks:
-        model.gradient_checkpointing_enable(segments=segments, policy=policy, split_blocks=True)
+        model.gradient_checkpointing_enable(segments=segments, policy=policy, split_blocks=True, early_stop=early_stop)
     else:
-        model.gradient_checkpointing_enable(segments=segments, policy=policy)
+        model.gradient_checkpointing_enable(segments=segments, policy=policy, early_stop=early_stop)
+
+
+def full_recompute_flops(step):
+    """The FLOPs the recompute of one step counts (ops/flops.py over its recompute events)."""
+    with memory.timeline() as events:
+        step()
+    return sum(op_flops(e["op"], e["input_shapes"], e["output_shapes"]) for e in events
+               if e["phase"] == "recompute" and "output_shapes" in e)
 
 
 def gpt_embed(model, idx):
@@ -254,6 +265,10 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
             continue
         checkpointing(model, segments, policy, split)
         row.update(measure_memory(step, policy))
+        if segments is not None:  # what the same strategy recomputes without early stop, for comparison
+            checkpointing(model, segments, policy, split, early_stop=False)
+            row["recompute_flops_full"] = full_recompute_flops(step)
+            checkpointing(model, segments, policy, split)
         row["predicted_activation_bytes"] = _predicted_chain(how, size, segments, **formulas)
         if plan is not None:
             row.update(plan=str(plan), planner_predicted_bytes=plan.peak_bytes)
@@ -388,7 +403,7 @@ CATEGORY_COLUMNS = ("parameters", "gradients", "optimizer", "accumulation", "act
 def table(rows, title, size_name, baselines, extra=None):
     """A Markdown table of rows; `baselines` maps a size to its baseline row."""
     head = [size_name, "strategy", "peak MiB", "params", "grads", "optim", "accum", "act", "other",
-            "act peak MiB", "predicted", "step ×", "fwd+bwd ×", "cpu ×", "theory ×"]
+            "act peak MiB", "predicted", "step ×", "fwd+bwd ×", "cpu ×", "theory ×", "recomputed"]
     if extra:
         head.append(extra[0])
     cells_of_rows = []
@@ -402,11 +417,21 @@ def table(rows, title, size_name, baselines, extra=None):
             cells = [str(r["size"]), r["strategy"], mib(r["peak_bytes"]), *cats,
                      mib(r["activation_peak_bytes"]), mib(r["predicted_activation_bytes"]),
                      _ratio(r, base), _ratio(r, base, "forward_backward_seconds"),
-                     _ratio(r, base, "step_cpu_seconds"), theory]
+                     _ratio(r, base, "step_cpu_seconds"), theory, _recomputed(r)]
             if extra:
                 cells.append(extra[1](r))
         cells_of_rows.append(cells)
     return "\n".join([f"### {title}", ""] + markdown_table(head, cells_of_rows))
+
+
+def _recomputed(row):
+    """The recompute's FLOPs as a share of the forward's, and (in full) without early stop."""
+    if not row.get("forward_flops") or not row.get("recompute_flops"):
+        return "—"
+    share = f"{row['recompute_flops'] / row['forward_flops']:.0%}"
+    if row.get("recompute_flops_full"):
+        share += f" ({row['recompute_flops_full'] / row['forward_flops']:.0%} in full)"
+    return share
 
 
 def summary(results):
@@ -468,7 +493,8 @@ def render(results):
            "act peak: the highest saved-activation bytes over the step; predicted: activations.py. "
            "step ×, fwd+bwd ×, cpu ×: median wall time of the step, of its forward + backward, and the step's "
            "CPU time (all threads), over the baseline's, timed in turn in the same rounds. "
-           "theory ×: (3F + recompute FLOPs) / 3F.", ""]
+           "theory ×: (3F + recompute FLOPs) / 3F. recomputed: the recompute's FLOPs as a share of the "
+           "forward's F, and (in full) the same strategy's without early stop.", ""]
     rows = results["rows"]
     for workload, title, size_name in (("W1", "W1: deep MLP (width %d, batch %d)", "depth"),
                                        ("W2", "W2: GPT stack (d_model %d, %d heads, seq %d, batch %d)", "blocks")):

@@ -159,14 +159,22 @@ class GPT(ChainCheckpointing, Module):
             # (and saved, and updated) once, under its first name, wte.weight.
             self.lm_head.weight = self.wte.weight
 
-    def gradient_checkpointing_enable(self, segments="every", policy=None, split_blocks=False):
+    def gradient_checkpointing_enable(self, segments="every", policy=None, split_blocks=False,
+                                      gradient_checkpointing_kwargs=None, **checkpoint_options):
         """Checkpoint the blocks: segments 'every' (one per block), 'sqrt', an int,
         boundaries or a schedules.Plan (see checkpoint_sequential); policy: see
         policies.py, a callable or a name (policies.selective_attention,
         'selective_attention', recomputes only the attention core and the elementwise ops).
         split_blocks: the chain is the blocks' halves (2 n_layer of them; segments count halves).
+        gradient_checkpointing_kwargs and keywords: these again, and checkpoint()'s own
+        (use_reentrant=False, preserve_rng_state, ...), as ChainCheckpointing's.
         A bad value is an error here, not in forward, and changes nothing."""
-        self._set_checkpointing(len(self.blocks) * (2 if split_blocks else 1), segments, policy)
+        kwargs = self._checkpointing_kwargs(segments, gradient_checkpointing_kwargs, checkpoint_options)
+        segments, policy = kwargs.pop("segments", segments), kwargs.pop("policy", policy)
+        split_blocks = kwargs.pop("split_blocks", split_blocks)
+        if not isinstance(split_blocks, (bool, numpy.bool_)):
+            raise TypeError(f"split_blocks must be True or False, got {split_blocks!r}")
+        self._set_checkpointing(len(self.blocks) * (2 if split_blocks else 1), segments, policy, kwargs)
         self.checkpoint_split_blocks = bool(split_blocks)
 
     def gradient_checkpointing_disable(self):

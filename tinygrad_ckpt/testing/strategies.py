@@ -202,4 +202,6 @@ def policies():
 layer_costs = st.builds(
     LayerCost, name=st.just("layer"), input_bytes=st.integers(1, 50), saved_bytes=st.integers(0, 200),
     saves_input=st.booleans(), output_bytes=st.just(0), seconds=st.integers(1, 9).map(float),
+    # What a recompute runs of a layer: all of it, or less as a segment's last layer (early stop).
+    recompute_share=st.just(1.0), last_share=st.sampled_from([1.0, 0.5, 0.25]),
 )
