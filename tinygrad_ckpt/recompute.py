@@ -409,7 +409,9 @@ class RecomputeTape(tape.Tape):
             node = tape.Node.rebuilt(note.op, ctx, edges, [m[0] for m in note.input_meta], note.shapes, note.dtypes,
                                      note.node.hooks)
             self.append_rebuilt(node, j)
-            memory.tracker.event(f"{note.name} (rebuilt)")  # on the timeline, without FLOPs: nothing ran
+            # On the timeline as a record made (without shapes, so without FLOPs: nothing ran).
+            memory.tracker.event(f"{note.name} (rebuilt)", kind="op", tape=self.number, record=node.index,
+                                 saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
         self.held, self.kept_outputs = {}, {}
 
     def close(self):
