@@ -82,7 +82,7 @@ def test_accumulation_gives_the_same_gradients_and_less_activation_memory(tiny_r
     assert w3[0]["peak_by_category"]["accumulation"] == 0 < w3[1]["peak_by_category"]["accumulation"]
 
 
-@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed (pip install 'tinygrad_ckpt[plot]'): no PNGs to check")
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed (pip install -e ".[plot]"): no PNGs to check')
 def test_plots_are_png_files(tiny_run):
     _, out, _ = tiny_run
     for name in PLOTS:

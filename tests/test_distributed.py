@@ -4,7 +4,7 @@ The MPI tests start `mpiexec -n 2 python tests/mpi_worker.py SCENARIO OUT`
 (one launch per scenario, shared by the tests that read it) and compare what
 the ranks wrote with a run this process does itself. They are skipped, with
 the reason, only where mpi4py or mpiexec is not installed
-(`pip install 'tinygrad_ckpt[mpi]'`; the `test` extra includes it, so CI runs
+(`pip install -e ".[mpi]"`; the `test` extra includes it, so CI runs
 them). The rest (sharding, bucketing, errors without MPI) runs everywhere.
 
 Tolerances: the float64 runs differ from the reference only in summation
@@ -223,11 +223,11 @@ def test_one_rank_failing_alone_stops_the_run_instead_of_leaving_the_other_waiti
 
 def test_missing_mpi4py_says_which_extra_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # `import mpi4py` now fails, as if not installed
-    with pytest.raises(ImportError, match=r"pip install 'tinygrad_ckpt\[mpi\]'"):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[mpi\]"'):
         distributed.DataParallel()
     monkeypatch.setenv("PMI_SIZE", "2")  # as under `mpiexec -n 2`
     assert cli.main(["train", "--max-steps", "1", "--sample-chars", "0"]) == 2
-    assert "pip install 'tinygrad_ckpt[mpi]'" in capsys.readouterr().err
+    assert 'pip install -e ".[mpi]"' in capsys.readouterr().err
 
 
 @needs_mpi
