@@ -250,8 +250,9 @@ def test_train_command_under_mpiexec_matches_one_process_and_only_rank_0_prints(
     run = mpiexec(sys.executable, "-m", "tinygrad_ckpt", *common, "--gradient-accumulation-steps", "2",
                   "--output-dir", str(tmp_path / "two"))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("training: 4 optimizer steps of 12 examples = 3 per micro-batch x 2 accumulation steps "
-                            "x 2 processes") == 1
+    assert run.stdout.count("training: 4 optimizer steps, each of 12 examples (the effective batch) = 3 per "
+                            "micro-batch x 2 accumulation steps x 2 processes") == 1
+    assert run.stdout.count("memory: per process: 'mem' in a log line is what process 0 holds then") == 1
     logged = [line.split(" |")[0] for line in run.stdout.splitlines() if "| loss " in line]
     assert logged == [f"step {s}/4" for s in range(1, 5)]  # each log line once: only rank 0 prints
     assert run.stdout.count("validation loss:") == 1
