@@ -2,7 +2,9 @@
 
     peak_memory.png     peak memory against depth (W1) and blocks (W2), per strategy:
                         the whole peak, and the saved activations (measured, and
-                        the analytic count as crosses)
+                        the analytic count as crosses); lines that coincide stay
+                        visible (hollow markers of different sizes) and the
+                        legend says which they coincide with
     timeline_w1.png     one training step per strategy, live bytes by category
     timeline_w2.png     op by op: the forward rise, the recompute bumps (marked
                         along the top), the backward fall
@@ -12,10 +14,13 @@
 
 Input is the dict strategies.collect() returns (and bench.json holds), so
 the plots can be redrawn from a saved JSON file: `plots.draw_all(json.load(f), dir)`.
-Every picture is written through the package's one atomic writer.
+Every picture is written through the package's one atomic writer, readable
+by everyone as any file the user writes (the umask decides, as for open()).
+Colours of memory categories and recompute marks come from palette.py, which
+the tutorials use too.
 
 What does not live here: measuring (strategies.py), the memory categories
-themselves (memory.py).
+themselves (memory.py), their colours (palette.py).
 """
 
 import os
@@ -26,12 +31,11 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..serialization import atomic_write  # noqa: E402
+from .palette import CATEGORY_COLOURS, RECOMPUTE_COLOUR, SEGMENT_BACKWARD_COLOUR  # noqa: E402
 
 MIB = 2**20
-# One colour per category, the same in every picture.
-COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#8172b3",
-           "accumulation": "#937860", "activations": "#55a868", "other": "#c4c4c4"}
-CATEGORIES = tuple(COLOURS)
+# Stacked from the bottom: what lives all along first, what comes and goes on top.
+CATEGORIES = ("parameters", "optimizer", "accumulation", "gradients", "activations", "other")
 # One colour and marker per strategy, the same in every picture; others get matplotlib's.
 STYLES = {"none": ("#1f77b4", "o"), "every layer": ("#ff7f0e", "^"), "sqrt(n)": ("#2ca02c", "D"),
           "selective": ("#d62728", "P"), "selective, half blocks": ("#e377c2", "X"),
@@ -70,18 +74,36 @@ def save(fig, path):
 
 
 def peak_memory(results):
-    """Top: the step's whole peak; bottom: the peak of saved activations (x: the analytic count)."""
+    """Top: the step's whole peak; bottom: the peak of saved activations (x: the analytic count).
+
+    Strategies often have the same peak (in W1 the peak is the parameters,
+    gradients and optimizer state, whatever is checkpointed): each line gets
+    a hollow marker, the first drawn the largest, so that markers drawn on
+    top of each other still show, and a legend label that names the line it
+    coincides with.
+    """
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), squeeze=False)
     for col, (workload, xlabel) in enumerate((("W1", "depth (layers)"), ("W2", "blocks"))):
         rows = [r for r in results["rows"] if r["workload"] == workload and not r.get("infeasible")]
         strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-        for strategy in strategies:
+        drawn = ({}, {})  # per panel: strategy -> its points, to find lines that coincide
+        for k, strategy in enumerate(strategies):
             points = sorted((r["size"], r) for r in rows if r["strategy"] == strategy)
             sizes = [s for s, _ in points]
-            line, = axes[0][col].plot(sizes, [r["peak_bytes"] / MIB for _, r in points], "-", label=strategy, **_style(strategy))
-            axes[1][col].plot(sizes, [r["activation_peak_bytes"] / MIB for _, r in points], "-",
-                              label=strategy, **{**_style(strategy), "color": line.get_color()})
-            axes[1][col].plot(sizes, [r["predicted_activation_bytes"] / MIB for _, r in points], "x", color="black", markersize=7)
+            colour = None
+            for panel, key in enumerate(("peak_bytes", "activation_peak_bytes")):
+                ys = [r[key] / MIB for _, r in points]
+                same = next((other for other, xy in drawn[panel].items() if xy == (sizes, ys)), None)
+                drawn[panel][strategy] = (sizes, ys)
+                style = {**_style(strategy), "markersize": max(4, 11 - 1.5 * k), "markerfacecolor": "none",
+                         "markeredgewidth": 1.5}
+                if colour is not None:
+                    style["color"] = colour
+                label = strategy if same is None else f"{strategy} (same as {same})"
+                line, = axes[panel][col].plot(sizes, ys, "-", label=label, **style)
+                colour = line.get_color()
+            axes[1][col].plot(sizes, [r["predicted_activation_bytes"] / MIB for _, r in points], "x", color="black",
+                              markersize=5, zorder=3)
         axes[0][col].set_title(f"{workload}: peak live memory of a training step")
         axes[1][col].set_title(f"{workload}: peak of saved activations (x = predicted)")
         for row in (0, 1):
@@ -104,9 +126,11 @@ def timelines(workload, timeline):
     for ax, (strategy, events) in zip(axes[:, 0], strategies.items()):
         steps = range(len(events))
         ax.stackplot(steps, *[[e[c] / MIB for e in events] for c in CATEGORIES],
-                     labels=CATEGORIES, colors=[COLOURS[c] for c in CATEGORIES], step="post")
-        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") == "op", "#e8a33d", "recompute (forward again)")
-        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") != "op", "#7fb3d5", "the segment's backward")
+                     labels=CATEGORIES, colors=[CATEGORY_COLOURS[c] for c in CATEGORIES], step="post")
+        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") == "op", RECOMPUTE_COLOUR,
+               "recompute (forward again)", hatch="////")
+        _shade(ax, events, lambda e: e["phase"] == "recompute" and e.get("record") != "op", SEGMENT_BACKWARD_COLOUR,
+               "the segment's backward")
         first_backward = next((i for i, e in enumerate(events) if e["phase"] != "forward"), None)
         if first_backward is not None:
             ax.axvline(first_backward, color="black", lw=0.8, ls="--")
@@ -124,15 +148,20 @@ def timelines(workload, timeline):
     return fig
 
 
-def _shade(ax, events, inside, colour, label):
-    """Mark the runs of consecutive events for which inside(event) holds: a band along the top."""
+def _shade(ax, events, inside, colour, label, hatch=None):
+    """Mark the runs of consecutive events for which inside(event) holds: a band along the top.
+
+    hatch: a pattern over the band (white lines), so that the recompute band
+    differs from the one beside it in more than colour.
+    """
     start = None
     labelled = False
     for i, e in enumerate(events + [None]):
         if e is not None and inside(e):
             start = i if start is None else start
         elif start is not None:
-            ax.axvspan(start, i, ymin=0.93, ymax=1.0, color=colour, lw=0, label=None if labelled else label)
+            ax.axvspan(start, i, ymin=0.93, ymax=1.0, facecolor=colour, edgecolor="white" if hatch else colour,
+                       hatch=hatch, lw=0, label=None if labelled else label)
             ax.axvspan(start, i, color=colour, alpha=0.08, lw=0)
             labelled, start = True, None
 
