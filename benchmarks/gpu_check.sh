@@ -62,7 +62,7 @@ cat "$OUT/env.txt"
 
 summary() {  # summary TESTS_STATUS WORKLOADS_STATUS GPU(yes/no)
     $PY - "$OUT" "$1" "$2" "$3" "$(($(date +%s) - start))" <<'EOF'
-import json, os, sys, tempfile, xml.etree.ElementTree as ET
+import json, os, sys, xml.etree.ElementTree as ET
 out, tests_rc, work_rc, gpu, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "yes", int(sys.argv[5])
 counts = None
 if os.path.exists(os.path.join(out, "pytest.xml")):
@@ -72,10 +72,9 @@ if os.path.exists(os.path.join(out, "pytest.xml")):
 result = {"gpu": gpu, "tests_exit_code": tests_rc, "tests": counts, "workloads_exit_code": work_rc,
           "workloads": next((p for p in ("workloads.json", "dry_run/workloads.json") if os.path.exists(os.path.join(out, p))), None),
           "seconds": seconds, "figures_measured": gpu and work_rc == 0}
-fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
-with os.fdopen(fd, "w") as f:
+from tinygrad_ckpt.serialization import atomic_write  # the package's one atomic writer (0644 under umask 022)
+with atomic_write(os.path.join(out, "results.json"), "w") as f:
     json.dump(result, f, indent=1)
-os.replace(tmp, os.path.join(out, "results.json"))
 print(json.dumps(result))
 EOF
 }
