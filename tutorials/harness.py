@@ -103,7 +103,7 @@ def check_output(example):
     actual = pending[1] if pending else ""
     record = example.namespace.get("__record__")
     if record is not None:  # run(..., record=[...]): what each output block was compared with
-        record.append(actual)
+        record.append((kind, actual))
     refresh = example.namespace.get("__refresh__")
     if refresh is not None:
         text = actual if actual.endswith("\n") else actual + "\n"
@@ -207,8 +207,9 @@ def run(path, refresh=False, workdir=HERE, record=None):
 
     workdir: where it runs and writes its pictures (tutorials/ by default, so
     that they can be committed; None: a scratch folder, removed afterwards).
-    record: a list; what the Python block above each output block printed is
-    appended to it, in order (skipped blocks leave no entry).
+    record: a list; for each output block, in order, (its kind: 'output' or
+    'output timing', what the Python block above it printed) is appended to
+    it (skipped blocks leave no entry).
     """
     document = sybil.parse(Path(path).resolve())
     edits = document.namespace["__refresh__"] = [] if refresh else None
