@@ -46,7 +46,7 @@ def main():
     try:
         from tinygrad_ckpt.bench import plots
     except ImportError:
-        print("no plot: matplotlib is not installed (pip install 'tinygrad_ckpt[plot]')")
+        print('no plot: matplotlib is not installed (pip install -e ".[plot]" in the clone)')
         return
     plots.save(plots.tradeoff({"rows": rows, "tradeoff": curves}), "tradeoff.png")
     print("wrote tradeoff.png")

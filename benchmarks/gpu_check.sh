@@ -67,7 +67,7 @@ cat "$OUT/env.txt"
 
 summary() {  # summary TESTS_STATUS WORKLOADS_STATUS FIT_STATUS GPU(yes/no)
     $PY - "$OUT" "$1" "$2" "$3" "$4" "$(($(date +%s) - start))" <<'EOF'
-import json, os, sys, tempfile, xml.etree.ElementTree as ET
+import json, os, sys, xml.etree.ElementTree as ET
 out, tests_rc, work_rc, fit_rc, gpu, seconds = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
                                                 sys.argv[5] == "yes", int(sys.argv[6]))
 counts = None
@@ -80,10 +80,9 @@ result = {"gpu": gpu, "tests_exit_code": tests_rc, "tests": counts, "workloads_e
           "fit_check_exit_code": fit_rc,
           "fit_check": next((p for p in ("fit_check.json", "dry_run/fit_check.json") if os.path.exists(os.path.join(out, p))), None),
           "seconds": seconds, "figures_measured": gpu and work_rc == 0}
-fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
-with os.fdopen(fd, "w") as f:
+from tinygrad_ckpt.serialization import atomic_write  # the package's one atomic writer (0644 under umask 022)
+with atomic_write(os.path.join(out, "results.json"), "w") as f:
     json.dump(result, f, indent=1)
-os.replace(tmp, os.path.join(out, "results.json"))
 print(json.dumps(result))
 EOF
 }

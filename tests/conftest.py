@@ -116,6 +116,10 @@ def tiny_bench_run(tmp_path_factory):
     from tinygrad_ckpt import cli
 
     out = tmp_path_factory.mktemp("bench")
-    code = cli.main(["bench", "--tiny", "--output-dir", str(out)])
+    umask = os.umask(0o022)  # the usual umask: files anyone may read, only the owner write
+    try:
+        code = cli.main(["bench", "--tiny", "--output-dir", str(out)])
+    finally:
+        os.umask(umask)
     with open(out / "bench.json") as f:
         return code, out, json.load(f)

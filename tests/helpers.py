@@ -1,4 +1,4 @@
-"""One helper every op test goes through: finite differences in float64."""
+"""One helper every op test goes through: finite differences in float64; how to get PyTorch for the optional checks."""
 
 from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.gradcheck import gradcheck
@@ -6,6 +6,11 @@ from tinygrad_ckpt.gradcheck import gradcheck
 # Central differences with eps=1e-6 in float64 are accurate to about 1e-8 on
 # these magnitudes; the stated tolerance leaves two orders of margin.
 ATOL, RTOL = 1e-6, 1e-5
+
+# The reason an optional PyTorch comparison gives when it skips: how to install it (the
+# `compare` extra leaves it out, since the CPU build comes from PyTorch's own index).
+TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH_SKIP = f"PyTorch is not installed, so this comparison with it is skipped (a CPU build: {TORCH_INSTALL})"
 
 
 def check_grad(fn, *arrays, eps=1e-6):

@@ -6,10 +6,13 @@ row, as tests/test_activations.py shows layer by layer.
 """
 
 import os
+import stat
 
 import pytest
 
-from tinygrad_ckpt import cli
+from tinygrad_ckpt import cli, memory
+from tinygrad_ckpt.bench import palette, strategies, workloads
+from tinygrad_ckpt.schedules import segment_bounds
 
 try:
     import matplotlib  # noqa: F401
@@ -80,7 +83,7 @@ def test_accumulation_gives_the_same_gradients_and_less_activation_memory(tiny_r
     assert w3[0]["peak_by_category"]["accumulation"] == 0 < w3[1]["peak_by_category"]["accumulation"]
 
 
-@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed (pip install 'tinygrad_ckpt[plot]'): no PNGs to check")
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed (pip install -e ".[plot]"): no PNGs to check')
 def test_plots_are_png_files(tiny_run):
     _, out, _ = tiny_run
     for name in PLOTS:
@@ -98,3 +101,92 @@ def test_no_plots_writes_tables_only(tmp_path, capsys):
 def test_bad_arguments_are_clear_errors(tmp_path, capsys):
     assert cli.main(["bench", "--tiny", "--repeats", "0", "--output-dir", str(tmp_path)]) == 2
     assert "--repeats must be at least 1" in capsys.readouterr().err
+
+
+def test_written_files_are_readable_by_everyone_as_open_would_make_them(tiny_run, tmp_path):
+    _, out, _ = tiny_run
+    for name in os.listdir(out):
+        mode = stat.S_IMODE(os.stat(out / name).st_mode)
+        assert mode == 0o644, (name, oct(mode))  # umask 022, as open() would give: not 0600
+
+
+# -- what the tables say ---------------------------------------------------------------
+def test_the_summary_quotes_its_source_and_its_theory_never_contradicts_itself(tiny_run):
+    _, out, results = tiny_run
+    text = (out / "bench.md").read_text()
+    assert "Hugging Face's guide (transformers v4.47.1, perf_train_gpu_one)" in text
+    assert "https://huggingface.co/docs/transformers/v4.47.1/perf_train_gpu_one" in text
+    assert "often quoted" not in text and "seed" not in text
+    rows = results["rows"] + [r for c in results["tradeoff"] for r in c["rows"]]
+    for r in (r for r in rows if r.get("theory_ratio") and r["workload"] != "W3"):
+        if r["theory_ratio"] > 4 / 3 + 1e-9:  # more than one extra forward: only a nested plan does that
+            assert r.get("nested"), (r["strategy"], r["theory_ratio"])
+    nested = strategies._theory({"theory_ratio": 1.51, "nested": True})
+    assert nested.startswith("+51%") and "more than once" in nested and "+33%" not in nested
+    assert "at most one extra forward, +33%" in strategies._theory({"theory_ratio": 1.2, "nested": False})
+
+
+def test_a_strategy_that_saves_nothing_at_a_size_says_why(tiny_run):
+    _, out, results = tiny_run
+    one_segment = [r for r in results["rows"] if r["strategy"] == "sqrt(n)" and r["size"] <= 2]
+    assert one_segment and all("rounds to 1 segment" in r["note"] for r in one_segment)
+    assert "sqrt(n) (sqrt(2) rounds to 1 segment: the whole stack is one checkpoint" in (out / "bench.md").read_text()
+
+
+def test_the_quick_set_uses_sizes_where_sqrt_n_cuts_the_chain():
+    """(The full set keeps W2 at 2 blocks, a reference size: there the row says why sqrt(n) saves nothing.)"""
+    sizes = workloads.QUICK
+    for n in (*sizes.w1_depths, *sizes.w2_blocks):
+        assert len(segment_bounds(n, "sqrt")) >= 2, n
+    config = strategies.QUICK
+    assert config.tradeoff_w2_blocks in sizes.w2_blocks and config.timeline_w2_blocks in sizes.w2_blocks
+
+
+# -- one palette ---------------------------------------------------------------------------
+def _rgb(hex_colour):
+    return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+
+
+def test_one_colour_per_memory_category_and_recompute_marks_apart_from_them():
+    assert set(palette.CATEGORY_COLOURS) == set(memory.CATEGORIES)
+    colours = list(palette.CATEGORY_COLOURS.values()) + [palette.RECOMPUTE_COLOUR, palette.SEGMENT_BACKWARD_COLOUR]
+    assert len({c.lower() for c in colours}) == len(colours)
+    for mark in (palette.RECOMPUTE_COLOUR, palette.SEGMENT_BACKWARD_COLOUR):  # far from every category's colour
+        for category, colour in palette.CATEGORY_COLOURS.items():
+            distance = sum((a - b) ** 2 for a, b in zip(_rgb(mark), _rgb(colour))) ** 0.5
+            assert distance > 80, (mark, category)
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed (pip install -e ".[plot]"): no PNGs to check')
+def test_the_timelines_draw_categories_and_marks_in_the_palettes_colours(tiny_run):
+    from matplotlib.colors import to_hex
+
+    from tinygrad_ckpt.bench import plots
+
+    _, _, results = tiny_run
+    fig = plots.timelines("W2", results["timelines"]["W2"])
+    ax = fig.axes[1]  # "every layer": the stack and the recompute marks
+    stacked = {c.get_label(): to_hex(c.get_facecolor()[0]) for c in ax.collections}
+    assert {k: stacked[k] for k in palette.STACK} == {k: palette.CATEGORY_COLOURS[k].lower() for k in palette.STACK}
+    marks = {p.get_label(): to_hex(p.get_facecolor()) for p in ax.patches if p.get_label() and p.get_label()[0] != "_"}
+    assert marks["recompute (forward again)"] == palette.RECOMPUTE_COLOUR.lower()
+    plots.plt.close(fig)
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed (pip install -e ".[plot]"): no PNGs to check')
+def test_coinciding_lines_in_peak_memory_stay_visible_and_are_named(tiny_run):
+    from tinygrad_ckpt.bench import plots
+
+    _, _, results = tiny_run
+    fig = plots.peak_memory(results)
+    for ax in fig.axes:
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("_") and line.get_marker() != "x"]
+        seen = {}
+        for line in lines:
+            xy = (tuple(line.get_xdata()), tuple(line.get_ydata()))
+            assert line.get_markerfacecolor() == "none"  # hollow: a marker under it still shows
+            if xy in seen:  # drawn on top of an earlier line: smaller, and the legend says which
+                assert line.get_markersize() < seen[xy].get_markersize()
+                assert f"(same as {seen[xy].get_label().split(' (')[0]})" in line.get_label()
+            seen.setdefault(xy, line)
+    plots.plt.close(fig)

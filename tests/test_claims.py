@@ -18,12 +18,14 @@ import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor, nn
 from tinygrad_ckpt.checkpoint import checkpoint, checkpoint_sequential
 
+from .helpers import TORCH_SKIP
+
 TORCH_DESCRIBED = "2.13"  # the version the tutorials' text describes
 
 
 @pytest.fixture
 def torch():
-    return pytest.importorskip("torch", reason="PyTorch is not installed: its side of the comparison is not shown")
+    return pytest.importorskip("torch", reason=TORCH_SKIP)
 
 
 def torch_checkpoint(torch):

@@ -34,9 +34,14 @@ def test_train_command_tiny_run(tmp_path, capsys):
     assert len(losses) == 7 and losses[-1] < losses[0] - 0.3, out  # steps 1, 2, 4, ..., 12: the printed loss falls
     assert re.search(r"training loss: \d+\.\d+ \(step 1\) -> \d+\.\d+ \(step 12\)", out)
     assert re.search(r"validation loss: \d+\.\d+", out)
-    assert "4 per micro-batch x 2 accumulation steps" in out
+    assert "training: 12 optimizer steps, each of 8 examples (the effective batch) = 4 per micro-batch x 2 " \
+           "accumulation steps x 1 process" in out
+    assert "checkpointing: off" in out and "memory: 'mem' in a log line is what the process holds" in out
+    assert "logging: every 2 optimizer steps and after the first; 'loss' is the mean per token over the " \
+           "optimizer steps since the previous log line" in out
     sample = out.split("sample:\n", 1)[1].rsplit("\ntime:", 1)[0]
     assert len(sample) == 40 and set(sample) <= set("the cat sat on the mat. ")
+    assert re.search(r"\ntime: \d+\.\d s wall clock, \d+\.\d s of CPU \(all threads of this process\)\n$", out)
 
     # the saved model loads, with the tokenizer and config needed to sample from it
     extra = serialization.load(tmp_path / "out" / "model.npz")["extra"]
@@ -85,6 +90,70 @@ def test_gradient_checkpointing_kwargs_are_json(capsys):
     assert "--gradient-checkpointing-kwargs: not valid JSON" in capsys.readouterr().err
     assert cli.main(["train", *TINY, "--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"policy": "x"}']) == 2
     assert "unknown checkpoint policy 'x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (None, "each of the 2 blocks is a segment; a segment keeps only its input, and recomputes all of its inside"),
+    ('{"segments": "sqrt", "policy": "selective_attention", "split_blocks": true}',
+     "2 segments (segments='sqrt') of the 4 half blocks (each block's attention and feed-forward apart); "
+     "policy selective_attention: a segment keeps what the policy saves"),
+    ('{"segments": 1}', "1 segment (segments=1) of the 2 blocks;"),
+])
+def test_the_header_says_which_checkpointing_is_in_force(kwargs, says, capsys):
+    flags = ["--gradient-checkpointing"] + (["--gradient-checkpointing-kwargs", kwargs] if kwargs else [])
+    assert cli.main(["train", *TINY, "--n-layer", "2", "--max-steps", "1", "--sample-chars", "0", *flags]) == 0
+    assert f"checkpointing: {says}" in capsys.readouterr().out
+
+
+def test_help_says_what_gradient_accumulation_steps_does_to_the_batch_and_to_memory():
+    train_parser = cli.build_parser().subcommands["train"]
+    text = " ".join(train_parser.format_help().split())  # argparse wraps lines
+    help_of_flag = text.rsplit("--gradient-accumulation-steps GRADIENT_ACCUMULATION_STEPS", 1)[1].split(" --", 1)[0]
+    assert "raises the effective batch: per_device_train_batch_size x gradient_accumulation_steps x processes" in help_of_flag
+    assert "To keep the batch and cut memory, divide per_device_train_batch_size and multiply this" in help_of_flag
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's overflow warnings, on the way to NaN
+def test_detect_anomaly_names_the_op_that_made_a_nan_in_one_line(tmp_path, capsys):
+    text = tmp_path / "tiny.txt"
+    text.write_text("the cat sat on the mat. " * 100)
+    common = ["train", "--data", str(text), *TINY, "--max-steps", "6", "--optim", "sgd", "--learning-rate", "1e30",
+              "--warmup-steps", "0", "--sample-chars", "0"]  # the first step sends the weights to 1e28: NaN next
+    err = one_line_error([*common, "--detect-anomaly"], capsys)
+    assert re.match(r"tinygrad-ckpt train: error: anomaly mode: Function \w+ \(record #\d+ on the tape\) returned "
+                    r"(nan|inf) values .* during forward.* At .*, line \d+, in forward: ", err), err
+    assert "--debug" in err
+    err = one_line_error([*common, "--max-consecutive-nonfinite-steps", "2"], capsys)  # without it: steps skipped
+    assert "2 optimizer steps in a row" in err and "anomaly" not in err
+
+
+def test_on_a_terminal_the_progress_bar_ends_before_the_summary(tmp_path):
+    pty = pytest.importorskip("pty", reason="needs a pseudo-terminal (POSIX)")
+    import os
+
+    text = tmp_path / "tiny.txt"
+    text.write_text("the cat sat on the mat. " * 100)
+    controller, terminal = pty.openpty()
+    run = subprocess.Popen([sys.executable, "-m", "tinygrad_ckpt", "train", "--data", str(text), *TINY[:-1],
+                            "--max-steps", "4", "--logging-steps", "2", "--sample-chars", "0"],
+                           stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(controller)
+    assert run.wait(timeout=60) == 0, screen
+    screen = screen.decode()
+    bar = screen.rindex("[####################] 4/4 | loss ")
+    summary = screen.index("training loss:")
+    assert bar < summary and "\n" in screen[bar:summary]  # the finished bar, then a new line
+    assert re.search(r"\nstep 4/4 \| eval_loss [\d.]+\r?\ntraining loss: ", screen), screen[bar:]
 
 
 def test_python_dash_m_runs_the_same_command():
@@ -221,7 +290,7 @@ def test_a_run_that_diverges_stops_with_one_line(tmp_path, capsys):
 @pytest.mark.skipif(backend.cuda_is_available(), reason="a GPU is present here, so --device cuda works")
 def test_a_missing_optional_dependency_is_one_line(capsys):
     err = one_line_error(["train", *TINY, "--device", "cuda", "--max-steps", "1"], capsys)
-    assert "pip install 'tinygrad_ckpt[gpu]'" in err
+    assert 'pip install -e ".[gpu]"' in err
 
 
 def test_a_bug_shows_its_traceback_and_debug_shows_every_traceback(monkeypatch, capsys):

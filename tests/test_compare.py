@@ -14,6 +14,8 @@ import pytest
 from tinygrad_ckpt.bench import compare, workloads
 from tinygrad_ckpt.schedules import segment_bounds
 
+from .helpers import TORCH_INSTALL
+
 TINY = {"W1": workloads.TINY.w1, "W2": workloads.TINY.w2}
 STRATEGIES = ("none", "every", "sqrt")
 
@@ -26,7 +28,7 @@ def _installed(name):
 @pytest.mark.parametrize("workload", ["W1", "W2"])
 def test_peer_computes_our_loss_and_gradients(peer, workload):
     if not _installed(peer):
-        pytest.skip(f"{peer} is not installed (pip install 'tinygrad_ckpt[compare]'; torch: a CPU build)")
+        pytest.skip(f"{peer} is not installed (" + (TORCH_INSTALL if peer == "torch" else 'pip install -e ".[compare]"') + ")")
     checks = compare.agreement(workload, TINY[workload], [compare.Ours.name, peer], STRATEGIES)
     peer_strategies = STRATEGIES if compare.has_checkpoint(peer) else ("none",)  # mygrad has no checkpoint
     assert set(checks) == {(compare.Ours.name, s) for s in STRATEGIES} | {(peer, s) for s in peer_strategies}
@@ -65,7 +67,7 @@ def test_unknown_library_is_a_clear_error():
 
 def test_a_peer_that_computes_something_else_is_caught(monkeypatch):
     if not _installed("torch"):
-        pytest.skip("torch is not installed (a CPU build: see the README)")
+        pytest.skip(f"torch is not installed ({TORCH_INSTALL})")
     import torch
 
     # GELU without the tanh approximation: close to ours, but not the same function.

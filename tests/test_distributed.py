@@ -4,7 +4,7 @@ The MPI tests start `mpiexec -n 2 python tests/mpi_worker.py SCENARIO OUT`
 (one launch per scenario, shared by the tests that read it) and compare what
 the ranks wrote with a run this process does itself. They are skipped, with
 the reason, only where mpi4py or mpiexec is not installed
-(`pip install 'tinygrad_ckpt[mpi]'`; the `test` extra includes it, so CI runs
+(`pip install -e ".[mpi]"`; the `test` extra includes it, so CI runs
 them). The rest (sharding, bucketing, errors without MPI) runs everywhere.
 
 Tolerances: the float64 runs differ from the reference only in summation
@@ -225,11 +225,11 @@ def test_one_rank_failing_alone_stops_the_run_instead_of_leaving_the_other_waiti
 
 def test_missing_mpi4py_says_which_extra_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # `import mpi4py` now fails, as if not installed
-    with pytest.raises(ImportError, match=r"pip install 'tinygrad_ckpt\[mpi\]'"):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[mpi\]"'):
         distributed.DataParallel()
     monkeypatch.setenv("PMI_SIZE", "2")  # as under `mpiexec -n 2`
     assert cli.main(["train", "--max-steps", "1", "--sample-chars", "0"]) == 2
-    assert "pip install 'tinygrad_ckpt[mpi]'" in capsys.readouterr().err
+    assert 'pip install -e ".[mpi]"' in capsys.readouterr().err
 
 
 @needs_mpi
@@ -253,8 +253,9 @@ def test_train_command_under_mpiexec_matches_one_process_and_only_rank_0_prints(
     run = mpiexec(sys.executable, "-m", "tinygrad_ckpt", *common, "--gradient-accumulation-steps", "2",
                   "--output-dir", str(tmp_path / "two"))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("training: 4 optimizer steps of 12 examples = 3 per micro-batch x 2 accumulation steps "
-                            "x 2 processes") == 1
+    assert run.stdout.count("training: 4 optimizer steps, each of 12 examples (the effective batch) = 3 per "
+                            "micro-batch x 2 accumulation steps x 2 processes") == 1
+    assert run.stdout.count("memory: per process: 'mem' in a log line is what process 0 holds then") == 1
     logged = [line.split(" |")[0] for line in run.stdout.splitlines() if "| loss " in line]
     assert logged == [f"step {s}/4" for s in range(1, 5)]  # each log line once: only rank 0 prints
     assert run.stdout.count("validation loss:") == 1

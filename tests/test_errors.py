@@ -66,7 +66,7 @@ def test_unknown_device():
 @pytest.mark.backends("numpy")  # on the other backends 'cuda' works
 @pytest.mark.skipif(backend.cuda_is_available(), reason="a GPU is present here, so 'cuda' works")
 def test_cuda_without_cupy_says_how_to_install():
-    with pytest.raises(RuntimeError, match=r"pip install 'tinygrad_ckpt\[gpu\]'"):
+    with pytest.raises(RuntimeError, match=r'pip install -e "\.\[gpu\]"'):
         Tensor([1.0], device="cuda")
 
 

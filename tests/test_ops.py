@@ -16,7 +16,7 @@ import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.gradcheck import GradcheckError, gradcheck
 
-from .helpers import check_grad
+from .helpers import TORCH_SKIP, check_grad
 from .strategies import arrays, away_from_zero, broadcast_pairs, shapes
 
 
@@ -359,8 +359,7 @@ def test_cross_entropy_with_every_target_ignored_gives_zero_gradients(reduction)
 
 
 def _torch():
-    return pytest.importorskip("torch", reason="PyTorch is not installed (a CPU build, for comparisons only: "
-                                               "pip install torch==2.13.0)")
+    return pytest.importorskip("torch", reason=TORCH_SKIP)
 
 
 @pytest.mark.parametrize("ignored", ["every target", "some targets", "no target"])

@@ -13,6 +13,8 @@ from tinygrad_ckpt import Tensor, memory
 from tinygrad_ckpt.nn import Parameter
 from tinygrad_ckpt.optim import SGD, AdamW, clip_grad_norm_, get_total_norm
 
+from .helpers import TORCH_SKIP
+
 TARGET = numpy.random.default_rng(1).standard_normal((3, 4))
 
 
@@ -74,7 +76,7 @@ def test_sgd_matches_hand_written_formula(momentum, weight_decay):
 
 
 def test_against_torch():
-    torch = pytest.importorskip("torch", reason="optional cross-check: PyTorch is not installed")
+    torch = pytest.importorskip("torch", reason=TORCH_SKIP)
     cases = [
         (AdamW, torch.optim.AdamW, dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)),
         (SGD, torch.optim.SGD, dict(lr=0.01, momentum=0.9, weight_decay=0.1)),
@@ -275,7 +277,7 @@ def test_get_total_norm():
 
 @pytest.mark.backends("numpy")
 def test_clip_grad_norm_against_torch_with_non_finite_gradients():
-    torch = pytest.importorskip("torch", reason="optional cross-check: PyTorch is not installed")
+    torch = pytest.importorskip("torch", reason=TORCH_SKIP)
     for bad in (numpy.nan, numpy.inf, 5.0):
         params = make_grads(2.0)
         grad = params[0].grad.numpy().copy()

@@ -1,9 +1,14 @@
-"""The README's Python example runs as written (a new user copies it first)."""
+"""The READMEs as a new user follows them: the Python example runs, and the commands are the ones CI runs."""
 
+import importlib.metadata
 import pathlib
 import re
+import subprocess
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+TUTORIALS_README = ROOT / "tutorials" / "README.md"
+CI = ROOT / ".ci" / "run"
 
 
 def test_readme_python_blocks_run():
@@ -14,3 +19,47 @@ def test_readme_python_blocks_run():
         exec(compile(block, str(README), "exec"), namespace)
         assert namespace["optimizer"].params  # it built a model and took optimizer steps
         assert namespace["acc"].items == 0  # the last group was stepped and zeroed
+
+
+def _bash_blocks(text, after):
+    """The ```bash blocks of `text` in the section that starts with the heading `after`, as lists of commands."""
+    section = text.split(after, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    return [[re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines() if line.strip()] for block in blocks]
+
+
+def _ci_commands():
+    return {re.sub(r"\s+#.*$", "", line).strip() for line in CI.read_text().splitlines()}
+
+
+def test_ci_installs_the_course_with_the_readmes_line():
+    for text, heading in ((README.read_text(), "## Tutorials"), (TUTORIALS_README.read_text(), "# Tutorials")):
+        installs = [c for block in _bash_blocks(text, heading) for c in block if c.startswith("pip install")]
+        assert installs == ['pip install -e ".[tutorials]"'], installs
+        assert installs[0] in _ci_commands()
+
+
+def test_ci_runs_the_tutorials_every_documented_way_with_the_documented_commands():
+    text = TUTORIALS_README.read_text()
+    ran = _ci_commands()
+    run_them = [c for block in _bash_blocks(text, "## Run them") for c in block]
+    assert "python tutorials/harness.py" in ran and any(c.startswith("python tutorials/harness.py") for c in run_them)
+    assert any(c.endswith("&& python -m pytest") for c in ran)  # the suite collects tutorials/ too (testpaths)
+    notebook = _bash_blocks(text, "## Open one as a notebook")[0]
+    assert [c.split()[0] for c in notebook] == ["python", "jupytext", "jupyter", "python"]
+    for command in notebook:
+        assert command in ran, f"tutorials/README.md says `{command}`, which .ci/run does not run"
+
+
+def test_every_install_instruction_works_from_the_clone():
+    """The package is not on an index: installing it by name would not resolve; an editable install of the clone, with its extras, does."""
+    extras = set(importlib.metadata.metadata("tinygrad_ckpt").get_all("Provides-Extra"))
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        path = ROOT / name
+        if path.suffix not in (".py", ".md", ".sh", ".toml", "") or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        assert not re.search(r"pip install ['\"]?tinygrad[-_]ckpt", text), name
+        for extra in re.findall(r"pip install -e ['\"]?\.\[([\w,-]+)\]", text):
+            assert set(extra.split(",")) <= extras, (name, extra)

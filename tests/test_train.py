@@ -5,13 +5,15 @@ float64 and compare with atol/rtol 1e-10: the runs differ only in summation
 order (~1e-16 relative per add), while a wrong split or step shows at 1e-3.
 """
 
+import io
 import math
 import re
+import sys
 
 import numpy
 import pytest
 
-from tinygrad_ckpt import memory, nn
+from tinygrad_ckpt import autograd, memory, nn
 from tinygrad_ckpt.data import CharDataset, CharTokenizer
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.train import TrainingArguments, Trainer, get_learning_rate
@@ -326,7 +328,7 @@ def test_gradient_checkpointing_with_accumulation_same_run_less_activation_memor
     dict(save_steps=1.0), dict(logging_steps=-5), dict(warmup_steps=None), dict(seed=-1), dict(seed=1.5),
     dict(save_total_limit=0), dict(save_total_limit=1.5), dict(max_consecutive_nonfinite_steps=0),
     dict(accumulation_dtype="int32"), dict(accumulation_dtype="float99"), dict(accumulation_dtype=3),
-    dict(gradient_checkpointing=1), dict(logging_first_step="yes"), dict(disable_tqdm=None),
+    dict(gradient_checkpointing=1), dict(logging_first_step="yes"), dict(disable_tqdm=None), dict(detect_anomaly="on"),
     dict(output_dir=3), dict(output_dir=""), dict(optim=None), dict(lr_scheduler_type="Linear"),
 ], ids=lambda kw: f"{next(iter(kw))}={next(iter(kw.values()))!r}")
 def test_every_field_is_checked_and_named(kw):
@@ -430,6 +432,40 @@ def test_too_many_non_finite_steps_in_a_row_stop_with_a_clear_error(tmp_path, ca
         trainer.train()
     assert trainer.state.nonfinite_steps == 4 and trainer.state.global_step == 6
     assert "skipped, not finite: loss nan, grad_norm nan; parameters unchanged (3 in a row, 4 in all)" in capsys.readouterr().out
+
+
+def test_detect_anomaly_stops_at_the_op_that_made_a_nan_and_names_it():
+    trainer = Trainer(tiny_gpt(), args(max_steps=2, detect_anomaly=True), dataset())
+    trainer.model.blocks[0].mlp.c_fc.weight.data[0, 0] = numpy.nan  # planted: the first op that reads it makes NaN
+    with pytest.raises(FloatingPointError, match=r"^anomaly mode: Function Linear \(record #\d+ on the tape\) returned "
+                                                 r"nan values .* At .*layers\.py, line \d+, in forward: .* <- "
+                                                 r".*transformer\.py, line \d+, in forward: .*c_fc") as caught:
+        trainer.train()
+    assert "\n" not in str(caught.value)  # one line: the traceback is in the cause
+    assert "Traceback of the forward call" in str(caught.value.__cause__)
+    assert trainer.state.global_step == 0 and not autograd.is_anomaly_enabled()  # stopped at once, mode put back
+
+    plain = Trainer(tiny_gpt(), args(max_steps=2, max_consecutive_nonfinite_steps=5), dataset())
+    plain.model.blocks[0].mlp.c_fc.weight.data[0, 0] = numpy.nan
+    history = plain.train()  # without anomaly mode: skipped steps, no error
+    assert [e["step"] for e in history if "skipped" in e] == [1, 2]
+
+
+def test_the_progress_bar_shows_the_log_lines_loss_and_ends_before_what_follows(monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    trainer = Trainer(tiny_gpt(), args(max_steps=4, logging_steps=2, disable_tqdm=False), dataset(), eval_dataset=dataset())
+    history = trainer.train()
+    bars = [part for part in terminal.getvalue().replace("\n", "\r").split("\r") if part.startswith("\033[K[")]
+    shown = {int(b.split("] ")[1].split("/")[0]): b for b in bars}  # step -> the last bar drawn for it
+    for entry in (e for e in history if "loss" in e):  # at a logging step, the bar's loss is the log line's
+        assert f"| loss {entry['loss']:.4f} (mean of steps {entry['step'] - 1}-{entry['step']}) |" in shown[entry["step"]]
+    assert terminal.getvalue().endswith("\n")  # the bar is ended: the evaluation's line starts a line of its own
+    assert "eval_loss" in capsys.readouterr().out
 
 
 def test_a_non_finite_model_is_never_saved(tmp_path):

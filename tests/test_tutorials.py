@@ -8,7 +8,10 @@ exercises, opens as a notebook, is linked in order, and shows pictures that exis
 """
 
 import importlib.util
+import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,6 +93,38 @@ def test_refresh_rewrites_outputs_and_adds_missing_ones(tmp_path):
     harness.run(path)  # and the refreshed file now passes
 
 
+def test_notebook_check_compares_what_jupyter_printed_with_the_text(tmp_path):
+    jupytext = pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    text = ("```python\nON_GPU = False\nprint(6 * 7)\n```\n\n```output\n42\n```\n\n"
+            "<!-- skip: start if(not ON_GPU, reason='no GPU') -->\n\n```python\nprint('on a GPU')\n```\n\n"
+            "```output\non a GPU\n```\n\n<!-- skip: end -->\n\n```python\nx = 1\n```\n")
+    source = tmp_path / "99_example.md"
+    source.write_text(text)
+
+    def ran(*printed, error=None):
+        notebook = jupytext.reads(text, fmt="md")
+        for n, (cell, out) in enumerate(zip([c for c in notebook.cells if c.cell_type == "code"], printed), start=1):
+            cell.execution_count = n
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=out)] if out else []
+        if error:
+            cell.outputs.append(nbformat.v4.new_output("error", ename=error, evalue="boom", traceback=[]))
+        path = tmp_path / "99_example.ipynb"
+        nbformat.write(notebook, path)
+        return path
+
+    assert harness.check_notebook(ran("42\n", "on a GPU\n", "")) == 3
+    assert harness.check_notebook(ran("42\n", "skipped: no GPU here\n", "")) == 3  # a guarded block may skip
+    with pytest.raises(AssertionError, match=r"(?s)cell 1 .*Expected:\n    42\nGot:\n    43"):
+        harness.check_notebook(ran("43\n", "on a GPU\n", ""))
+    with pytest.raises(AssertionError, match=r"(?s)cell 1 .*Got:\n    skipped"):  # only a guarded block may skip
+        harness.check_notebook(ran("skipped: why not\n", "on a GPU\n", ""))
+    with pytest.raises(AssertionError, match=r"cell 3 .* raised NameError: boom"):
+        harness.check_notebook(ran("42\n", "on a GPU\n", "", error="NameError"))
+    with pytest.raises(AssertionError, match=r"(?s)cell 3 .*Expected:\n    \(nothing\)"):  # printed, with no output block
+        harness.check_notebook(ran("42\n", "on a GPU\n", "surprise\n"))
+
+
 # -- the tutorials' shape -----------------------------------------------------------
 def test_tutorials_are_numbered_from_one_without_gaps():
     assert FILES, "no tutorials found in tutorials/"
@@ -142,3 +177,114 @@ def test_readmes_link_every_tutorial_in_order():
         links = [m for m in re.findall(r"\(((?:tutorials/)?\d\d_[^)]+\.md)\)", text)]
         names = [Path(link).name for link in links]
         assert names == [p.name for p in FILES], f"{readme.relative_to(ROOT)} links {names}"
+
+
+# -- what one tutorial leaves behind -------------------------------------------------------
+# Runs tutorials with the harness in a fresh process, in the order given, in scratch folders;
+# writes what each output block was compared with, and the bytes memory.py still counted
+# after each tutorial. With "--no-gc", Python's cycle collector is off: only reference
+# counting frees, so whatever a finished tutorial left counted is held by something.
+_DRIVER = """
+import gc, json, sys
+sys.path.insert(0, sys.argv[1])
+import harness
+from tinygrad_ckpt import memory
+out, collect, paths = sys.argv[2], sys.argv[3] == "--gc", sys.argv[4:]
+if not collect:
+    gc.disable()
+found = {}
+for path in paths:
+    printed = []
+    harness.run(path, workdir=None, record=printed)
+    found[path] = {"printed": printed, "left": memory.current()}
+with open(out, "w") as f:
+    json.dump(found, f)
+"""
+MEMORY_FIGURE = re.compile(r"-?\d[\d,]*(?:\.\d+)?\s?(?:B|KiB|MiB|GiB|bytes)\b")
+
+
+def _run_tutorials(tmp_path, paths, collect):
+    out = tmp_path / f"run-{len(list(tmp_path.iterdir()))}.json"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+    run = subprocess.run([sys.executable, "-c", _DRIVER, str(TUTORIALS), str(out), "--gc" if collect else "--no-gc",
+                          *map(str, paths)], capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_tutorials_print_the_same_memory_figures_alone_and_after_the_others(tmp_path):
+    """All of them in one process, in order, against each one alone: every memory figure printed is the same.
+
+    The run in order has the cycle collector off, so it also shows that a
+    tutorial leaves nothing counted behind it (the harness empties its
+    namespace, which a reference cycle holds), and that no tutorial's figures
+    wait for the collector. Both runs check every exact output block against
+    the text, so those figures are the text's in both; the tutorials run alone
+    here are those that print memory figures in timing blocks (the Trainer's
+    log lines), whose numbers the text does not pin.
+    """
+    together = _run_tutorials(tmp_path, FILES, collect=False)
+    for path in FILES:
+        left = together[str(path)]["left"]
+        assert not any(left.values()), f"after {path.name}, memory.py still counts {left}"
+    printed = [text for path in FILES for _, text in together[str(path)]["printed"]]
+    assert sum(len(MEMORY_FIGURE.findall(text)) for text in printed) > 50  # the tutorials do print memory
+    unpinned = [path for path in FILES if any(kind.endswith("timing") and MEMORY_FIGURE.search(text)
+                                              for kind, text in together[str(path)]["printed"])]
+    assert unpinned, "no memory figure in a timing block: then the text pins them all, and this part checks nothing"
+    for path in unpinned:
+        alone = _run_tutorials(tmp_path, [path], collect=True)[str(path)]["printed"]
+        after = together[str(path)]["printed"]
+        assert len(alone) == len(after)
+        for block, ((_, a), (_, b)) in enumerate(zip(alone, after)):
+            assert MEMORY_FIGURE.findall(a) == MEMORY_FIGURE.findall(b), (
+                f"{path.name}, output block {block + 1}: alone it printed\n{a}\nafter the others\n{b}")
+
+
+# -- blocks that need a GPU or MPI run anywhere --------------------------------------------------
+_PASTED = """
+import contextlib, io, json, os, sys
+sys.modules["cupy"] = None       # as on a machine without CuPy ...
+sys.modules["mpi4py"] = None     # ... and without mpi4py: `import` of either fails
+os.environ["MPLBACKEND"] = "Agg"
+blocks, namespace, printed = json.loads(sys.argv[1]), {}, []
+for code in blocks:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<pasted>", "exec"), namespace)
+    printed.append(out.getvalue())
+print(json.dumps(printed))
+"""
+
+
+GUARDED = [p for p in FILES if any(skippable for _, _, skippable in harness._python_blocks(p.read_text()))]
+
+
+def test_the_gpu_and_mpi_tutorials_have_guarded_blocks():
+    assert {"07_on_a_gpu.md", "08_data_parallel.md"} <= {p.name for p in GUARDED}
+
+
+@pytest.mark.parametrize("path", GUARDED, ids=lambda p: p.name)
+def test_every_block_runs_as_pasted_without_a_gpu_or_mpi(path, tmp_path):
+    """No Sybil, no skip comments: the blocks one after the other, as a notebook runs them.
+
+    A block that needs what is missing says "skipped: ..." in its own code;
+    every block between skip comments does (and only those may skip).
+    """
+    blocks = harness._python_blocks(path.read_text())
+    run = subprocess.run([sys.executable, "-c", _PASTED, json.dumps([code for code, _, _ in blocks])],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = json.loads(run.stdout.strip().splitlines()[-1])
+    for (code, _, skippable), text in zip(blocks, printed):
+        if skippable:
+            assert text.startswith("skipped: ") and 'pip install -e ".[' in text, (code[:200], text)
+        else:
+            assert "skipped" not in text, code[:200]
+
+
+@pytest.mark.parametrize("name", ["03_where_memory_goes.md", "04_gradient_accumulation.md"])
+def test_memory_pictures_take_their_colours_from_the_palette(name):
+    code = "".join(code for code, _, _ in harness._python_blocks((TUTORIALS / name).read_text()))
+    assert "from tinygrad_ckpt.bench.palette import CATEGORY_COLOURS" in code
+    assert not re.findall(r"#[0-9A-Fa-f]{6}\b", code)  # no colour spelled out by hand

@@ -40,7 +40,7 @@ def _cuda():
             raise RuntimeError(
                 "device='cuda' needs CuPy and an NVIDIA GPU "
                 f"({type(e).__name__}: {e}). Install the GPU extra with "
-                "`pip install 'tinygrad_ckpt[gpu]'` on a machine with CUDA, "
+                "`pip install -e \".[gpu]\"` in the clone, on a machine with CUDA, "
                 "or use device='cpu'."
             ) from None
         _modules["cuda"] = cupy

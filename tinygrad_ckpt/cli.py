@@ -38,7 +38,7 @@ from dataclasses import MISSING, fields
 
 import numpy
 
-from . import backend, bench, fit, memory, random
+from . import backend, bench, fit, memory, random, schedules
 from .data import load_char_datasets
 from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
@@ -186,7 +186,7 @@ def run_train(args):
 
 
 def _train(args, parallel):
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     training_args = TrainingArguments(**{f.name: getattr(args, f.name) for f in fields(TrainingArguments)})
     if args.device == "cuda":
         try:
@@ -213,11 +213,8 @@ def _train(args, parallel):
         f"model: GPT, {args.n_layer} layers, {args.n_head} heads, width {args.n_embd}, {n_params:,} parameters "
         f"({memory.format_bytes(memory.current()['parameters'])}) on {args.device}"
     )
-    print(
-        f"training: {trainer.total_steps} optimizer steps of {training_args.effective_batch_size * trainer.world_size} "
-        f"examples = {args.per_device_train_batch_size} per micro-batch x {args.gradient_accumulation_steps} "
-        "accumulation steps" + (f" x {trainer.world_size} processes" if parallel is not None else "")
-    )
+    for line in training_header(trainer):
+        print(line)
     history = trainer.train(resume_from_checkpoint=args.resume)
 
     evals = [e["eval_loss"] for e in history if "eval_loss" in e]
@@ -237,8 +234,60 @@ def _train(args, parallel):
         ids = model.generate(tokenizer.encode(prompt)[None, :], args.sample_chars,
                              temperature=args.temperature, rng=numpy.random.default_rng(args.seed))
         print("sample:\n" + tokenizer.decode(ids[0, len(prompt):]))
-    print(f"time: {time.perf_counter() - start:.1f} s")
+    print(f"time: {time.perf_counter() - start:.1f} s wall clock, {time.process_time() - cpu_start:.1f} s of CPU "
+          "(all threads of this process)")
     return 0
+
+
+def training_header(trainer):
+    """The lines that say what a run does: the effective batch, checkpointing, memory, and what "loss" means."""
+    args, world = trainer.args, trainer.world_size
+    lines = [
+        f"training: {trainer.total_steps} optimizer steps, each of {args.effective_batch_size * world} examples "
+        f"(the effective batch) = {args.per_device_train_batch_size} per micro-batch x "
+        f"{_plural(args.gradient_accumulation_steps, 'accumulation step')} x {_plural(world, 'process', 'processes')}",
+        f"checkpointing: {_checkpointing_in_force(trainer.model, args.gradient_checkpointing_kwargs)}",
+        "memory: 'mem' in a log line is what the process holds then (parameters, gradients, optimizer state, "
+        "accumulation buffers, activations), 'peak' the most since training started" if world == 1 else
+        f"memory: per process: 'mem' in a log line is what process 0 holds then, 'peak' the most since training "
+        f"started; each of the {world} processes holds as much (its own model, gradients, optimizer state, "
+        "buffers and activations)",
+    ]
+    if args.logging_steps:
+        every = "every optimizer step" if args.logging_steps == 1 else f"every {args.logging_steps} optimizer steps"
+        lines.append(f"logging: {every}{' and after the first' if args.logging_first_step and args.logging_steps > 1 else ''}; "
+                     "'loss' is the mean per token over the optimizer steps since the previous log line, "
+                     "in the log lines and in the progress bar")
+    return lines
+
+
+def _checkpointing_in_force(model, kwargs):
+    """What the model's gradient checkpointing was switched to (the Trainer switches it on), in words.
+
+    kwargs: TrainingArguments.gradient_checkpointing_kwargs, for the name the policy was given by.
+    """
+    segments = getattr(model, "checkpoint_segments", None)
+    if segments is None:
+        return "off: every activation is kept for backward (--gradient-checkpointing recomputes instead)"
+    chain = model.checkpoint_chain()
+    split = getattr(model, "checkpoint_split_blocks", False)
+    unit = "half blocks (each block's attention and feed-forward apart)" if split else "blocks"
+    if segments == "every":
+        cut = f"each of the {len(chain)} {unit} is a segment"
+    else:
+        given = str(segments) if isinstance(segments, schedules.Plan) else repr(segments)
+        n = len(schedules.segment_bounds(len(chain), segments))
+        cut = f"{_plural(n, 'segment')} (segments={given}) of the {len(chain)} {unit}"
+    policy = getattr(model, "checkpoint_policy", None)
+    if policy is None:
+        return f"{cut}; a segment keeps only its input, and recomputes all of its inside in backward"
+    name = (kwargs or {}).get("policy")
+    name = name if isinstance(name, str) else getattr(policy, "__name__", repr(policy))
+    return f"{cut}; policy {name}: a segment keeps what the policy saves, and recomputes the rest in backward"
+
+
+def _plural(n, word, plural=None):
+    return f"{n} {word if n == 1 else plural or word + 's'}"
 
 
 def build_parser():

@@ -76,7 +76,7 @@ import numpy
 
 from . import backend, memory
 
-INSTALL_HINT = "pip install 'tinygrad_ckpt[mpi]'"  # mpi4py, and MPICH as a wheel: no compiler, no system MPI
+INSTALL_HINT = 'pip install -e ".[mpi]" in the clone'  # mpi4py, and MPICH as a wheel: no compiler, no system MPI
 ABORT_GRACE_SECONDS = 1.0  # pause before MPI_Abort, so mpiexec forwards the error message first
 CHECK_EVERY = 100  # optimizer steps between two parameter checksums (the first step is always checked)
 

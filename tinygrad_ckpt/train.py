@@ -36,6 +36,9 @@ What the Trainer guards, so that a run never loses a good state:
     is restored unless all of it can be.
   - before the first step: the output directory must be writable, and the
     temporary files of a save that was killed are removed.
+  - with detect_anomaly=True the steps run in anomaly mode (autograd.py):
+    the first op whose output or gradient is NaN or infinite stops the run
+    with FloatingPointError, naming the op and the line of code that made it.
 
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its
@@ -60,7 +63,7 @@ from pathlib import Path
 
 import numpy
 
-from . import backend, memory, nn, policies, random, serialization
+from . import autograd, backend, memory, nn, policies, random, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
 from .checkpoint import check_options
@@ -72,6 +75,7 @@ from .tape import no_grad
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "linear", "cosine")
+ANOMALY = "anomaly mode:"  # how every error of anomaly mode begins (tape.py)
 CHECKPOINT_PREFIX = "checkpoint"  # output_dir/checkpoint-<optimizer step>.npz: the resumable training state
 MODEL_NAME = "model.npz"  # the trained model (and tokenizer, config), in output_dir
 
@@ -91,9 +95,16 @@ class TrainingArguments:
     """
 
     output_dir: str = _field(None, "where checkpoint-<step>.npz and model.npz are written (None: nothing is written)")
-    per_device_train_batch_size: int = _field(8, "examples per micro-batch (one forward + one backward)")
+    per_device_train_batch_size: int = _field(
+        8, "examples per micro-batch, on each process: one forward and one backward, whose activations are "
+           "alive at once; memory grows with it")
     per_device_eval_batch_size: int = _field(8, "examples per evaluation batch")
-    gradient_accumulation_steps: int = _field(1, "micro-batches per optimizer step (1: no accumulation)")
+    gradient_accumulation_steps: int = _field(
+        1, "micro-batches per optimizer step, their gradients added up (1: no accumulation). As in Hugging "
+           "Face, it raises the effective batch: per_device_train_batch_size x gradient_accumulation_steps "
+           "x processes examples per optimizer step. To keep the batch and cut memory, divide "
+           "per_device_train_batch_size and multiply this by the same factor (16 x 1 -> 4 x 4): the same "
+           "update, a quarter of the activations alive at once")
     gradient_checkpointing: bool = _field(False, "recompute activations in backward instead of keeping them "
                                                  "(model.gradient_checkpointing_enable())")
     gradient_checkpointing_kwargs: dict = _field(
@@ -128,6 +139,10 @@ class TrainingArguments:
     memory_report: str = _field(None, "record the first optimizer step (all its micro-batches) and write the memory "
                                       "explorer page there, one self-contained HTML file (needs Plotly: "
                                       "pip install -e \".[report]\")")
+    detect_anomaly: bool = _field(
+        False, "run the training steps in anomaly mode (tinygrad_ckpt.autograd.detect_anomaly): the first op "
+               "whose output or gradient is NaN or infinite stops the run, naming the op and the line that "
+               "made it. Slow: for debugging")
 
     def __post_init__(self):
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
@@ -144,7 +159,7 @@ class TrainingArguments:
             self._check_number(name, "a finite number >= 0", lambda v: v >= 0)
         for name in ("adam_beta1", "adam_beta2"):
             self._check_number(name, "a number in [0, 1)", lambda v: 0 <= v < 1)
-        for name in ("gradient_checkpointing", "logging_first_step", "disable_tqdm"):
+        for name in ("gradient_checkpointing", "logging_first_step", "disable_tqdm", "detect_anomaly"):
             if not isinstance(getattr(self, name), (bool, numpy.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for f in fields(self):
@@ -442,13 +457,34 @@ class Trainer:
         if self.distributed is not None:
             self._check_ranks_start_together()
         state = self.state
-        B, total = args.per_device_train_batch_size * self.world_size, self.total_steps  # B: all processes' examples
-        progress = _Progress(total, enabled=not args.disable_tqdm and self.is_main_process)
-        step = {"loss": 0.0, "items": 0, "tokens": 0}  # summed over the micro-batches of this optimizer step
-        window = {"loss": 0.0, "items": 0, "tokens": 0, "time": time.perf_counter()}  # since the last log
+        progress = _Progress(self.total_steps, enabled=not args.disable_tqdm and self.is_main_process)
         memory.reset_peak()
         self.model.train()
         acc.zero_grad()
+        try:
+            with autograd.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
+                self._training_loop(progress)
+        except RuntimeError as e:
+            if not (args.detect_anomaly and str(e).startswith(ANOMALY)):
+                raise
+            raise FloatingPointError(_anomaly_summary(e)) from e  # a diverged run: the input's fault, not a bug
+        finally:
+            progress.close()  # the bar ends before anything else is printed
+        if self.eval_dataset is not None and (not args.eval_steps or self.total_steps % args.eval_steps):
+            self._log({"step": state.global_step, **self.evaluate()}, progress)
+        if args.output_dir is not None:
+            if not args.save_steps or self.total_steps % args.save_steps:
+                self.save_checkpoint()
+            self.save_model()
+        return state.log_history
+
+    def _training_loop(self, progress):
+        """The optimizer steps, from self.state to total_steps (train() prepares and finishes)."""
+        args, acc, state = self.args, self.accumulator, self.state
+        B, total = args.per_device_train_batch_size * self.world_size, self.total_steps  # B: all processes' examples
+        step = {"loss": 0.0, "items": 0, "tokens": 0}  # summed over the micro-batches of this optimizer step
+        window = {"loss": 0.0, "items": 0, "tokens": 0, "time": time.perf_counter(),  # since the last log
+                  "first_step": state.global_step + 1}
         report = _StepReport(args.memory_report) if args.memory_report and self.is_main_process else None
         while state.global_step < total:
             order = epoch_order(len(self.train_dataset), args.seed, state.epoch)
@@ -486,19 +522,11 @@ class Trainer:
                     state.consecutive_nonfinite_steps = 0
                     for key in step:
                         window[key] += step[key]
-                progress.update(state.global_step, step)
+                progress.update(state.global_step, step["tokens"], window)
                 step = dict.fromkeys(step, 0)
                 self._maybe_log_eval_save(window, lr, grad_norm, progress, total)
                 if state.global_step >= total or state.micro_step == 0:
                     break  # done, or on to the next epoch's order
-        progress.close()
-        if self.eval_dataset is not None and (not args.eval_steps or total % args.eval_steps):
-            self._log({"step": state.global_step, **self.evaluate()}, progress)
-        if args.output_dir is not None:
-            if not args.save_steps or total % args.save_steps:
-                self.save_checkpoint()
-            self.save_model()
-        return state.log_history
 
     def _optimizer_step(self, lr, step):
         """write_grads (divide by the group's items), clip, step, zero: nanoGPT's order.
@@ -566,7 +594,7 @@ class Trainer:
             if grad_norm is not None:
                 entry["grad_norm"] = grad_norm
             self._log(entry, progress)
-            window.update(loss=0.0, items=0, tokens=0, time=time.perf_counter())
+            window.update(loss=0.0, items=0, tokens=0, time=time.perf_counter(), first_step=step + 1)
         paused = time.perf_counter()  # evaluating and saving do not count against tokens/s
         if self.eval_dataset is not None and args.eval_steps and step % args.eval_steps == 0:
             self._log({"step": step, **self.evaluate()}, progress)
@@ -805,6 +833,28 @@ class Trainer:
         return path
 
 
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (\S+)\n\s*(.*)$', re.MULTILINE)
+
+
+def _anomaly_summary(error):
+    """Anomaly mode's error on one line: what, which op, and the innermost lines of code that made it.
+
+    tape.py's message names the op, then the line outside the package that
+    created its record, then a traceback; a model of the package's own (the
+    command line's GPT) is all inside the package, so the traceback's two
+    innermost calls (Module.__call__ left out) say more: the layer, and the
+    line of the model that called it.
+    """
+    text = str(error)
+    what = text.splitlines()[0]
+    frames = [m.groups() for m in _FRAME.finditer(text) if not (m.group(3) == "__call__" and
+                                                                 m.group(1).endswith("module.py"))]
+    where = " <- ".join(f"{file}, line {line}, in {name}: {code.strip()}" for file, line, name, code in frames[::-1][:2])
+    return (f"{what} At {where or 'an unknown line'} (detect_anomaly=True stops the run at the first NaN or "
+            "infinity; for the traceback of the forward call: --debug on the command line, or this error's "
+            "__cause__)")
+
+
 def _difference(saved, ours):
     """'the checkpoint has X, this run has Y', pointing at the first difference of two strings or lists."""
     if isinstance(saved, (str, list)) and isinstance(ours, (str, list)) and len(saved) > 8:
@@ -847,7 +897,7 @@ class _StepReport:
 
     def __init__(self, path):
         if importlib.util.find_spec("plotly") is None:
-            raise ImportError(f"memory_report={path!r} needs Plotly for the page: pip install 'tinygrad_ckpt[report]'")
+            raise ImportError(f"memory_report={path!r} needs Plotly for the page: pip install -e \".[report]\"")
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):  # said now, not after the step has run
             raise ValueError(f"memory_report={path!r}: the folder {folder} does not exist; create it or choose another path")
@@ -870,23 +920,34 @@ class _StepReport:
 
 
 class _Progress:
-    """A one-line progress bar on a terminal's stderr, rewritten in place; silent elsewhere."""
+    """A one-line progress bar on a terminal's stderr, rewritten in place; silent elsewhere.
+
+    Its "loss" is the log lines' "loss": the mean per token over the
+    optimizer steps since the previous log line, so at a logging step the
+    bar and the log line show the same number. close() ends the bar with a
+    newline, so what is printed after it starts on a line of its own.
+    """
 
     def __init__(self, total, enabled=True, stream=None):
         self.total, self.stream = total, sys.stderr if stream is None else stream
         self.enabled = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.start, self.tokens, self.line = time.perf_counter(), 0, ""
 
-    def update(self, step, stats):
-        """After optimizer step `step`; stats: that step's summed loss, items and tokens."""
+    def update(self, step, tokens, window):
+        """After optimizer step `step`, which read `tokens` tokens; window: the sums since the last log line."""
         if not self.enabled:
             return
-        self.tokens += stats["tokens"]
+        self.tokens += tokens
         done = int(20 * step / self.total)
         rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
-        loss = stats["loss"] / max(1, stats["items"])
+        if window["items"]:
+            first = window["first_step"]
+            since = f"step {first}" if first == step else f"steps {first}-{step}"
+            loss = f"loss {window['loss'] / window['items']:.4f} (mean of {since})"
+        else:
+            loss = "loss - (skipped steps only)"
         self.line = (
-            f"[{'#' * done}{'.' * (20 - done)}] {step}/{self.total} loss {loss:.4f} | {rate:.0f} tok/s | "
+            f"[{'#' * done}{'.' * (20 - done)}] {step}/{self.total} | {loss} | {rate:.0f} tok/s | "
             f"mem {memory.format_bytes(memory.total())} (peak {memory.format_bytes(memory.peak()[0])})"
         )
         self.stream.write("\r\033[K" + self.line)
@@ -902,6 +963,8 @@ class _Progress:
             self.stream.flush()
 
     def close(self):
+        """End the bar: it stays on screen as it last was, and the cursor moves to the next line."""
         if self.enabled and self.line:
-            self.stream.write("\r\033[K")
+            self.stream.write("\n")
             self.stream.flush()
+        self.enabled, self.line = False, ""

@@ -11,30 +11,55 @@ A Python block that prints something must be followed by an output block, so
 nothing printed goes unchecked, and no number in the text can drift from the
 code. Everything else (prose, pictures, other blocks) is left alone.
 
-Blocks that can only run on some machines sit between Sybil's skip comments,
-which do not show on a code-hosting site:
+Blocks that can only run on some machines guard themselves in code, so that
+they run anywhere (pasted, or in a notebook), printing what they skipped:
+
+    if ON_GPU:
+        ...
+    else:
+        print("skipped: no GPU here (...)")
+
+and sit between Sybil's skip comments, which do not show on a code-hosting
+site, so that the check skips them where their output, which shows what they
+print where they do run, cannot be produced:
 
     <!-- skip: start if(not ON_GPU, reason="needs CuPy and an NVIDIA GPU") -->
     ...
     <!-- skip: end -->
 
-Used in two ways:
+Four ways to use it:
 
     python -m pytest                          # tutorials/conftest.py hands this to pytest (via Sybil)
-    python tutorials/harness.py [FILE ...]    # run tutorials, print how long each took
+    python tutorials/harness.py [FILE ...]    # run tutorials in order, in one process; print how long each took
     python tutorials/harness.py --refresh FILE  # rewrite FILE's output blocks from a real run
                                               # (and add the missing ones): how authors write them
+    python tutorials/harness.py --notebook FILE.ipynb   # check a notebook that Jupyter ran (tutorials/README.md)
+                                              # against the output blocks of FILE.md beside it
 
 Run directly, each tutorial runs with tutorials/ as its working directory, as
 it does when opened as a notebook there, so it writes its pictures to
 figures/ (commit them). Under pytest it runs in a scratch folder instead, so a
 test run leaves the committed pictures alone.
+
+What one tutorial leaves behind never reaches the next: each starts from a
+collected baseline (gc.collect(), so that no garbage from before is freed in
+the middle of its measurements), and its namespace is emptied when it ends.
+That matters because a namespace is held by a reference cycle (each function
+a tutorial defines holds the namespace as its globals, and the namespace
+holds the function), so without emptying it, its models, gradients and
+optimizer state would stay alive, and counted by the memory accounting,
+until Python's cycle collector happened to run: in the middle of another
+tutorial's measurement, say. Memory figures are therefore the same whether a
+tutorial runs alone, after the others, or as a notebook
+(tests/test_tutorials.py checks it).
+
 What does not live here: the tutorials themselves, and the checks of their
 shape (sections, links, notebook conversion), which are in tests/test_tutorials.py.
 """
 
 import contextlib
 import doctest
+import gc
 import io
 import os
 import re
@@ -76,6 +101,9 @@ def check_output(example):
     kind, expected, start = example.parsed
     pending = example.namespace.pop("__printed__", None)
     actual = pending[1] if pending else ""
+    record = example.namespace.get("__record__")
+    if record is not None:  # run(..., record=[...]): what each output block was compared with
+        record.append((kind, actual))
     refresh = example.namespace.get("__refresh__")
     if refresh is not None:
         text = actual if actual.endswith("\n") else actual + "\n"
@@ -131,12 +159,13 @@ def parse_outputs(document):
 
 
 def setup(namespace):
-    """Work in tutorials/ (run, --refresh) or, under pytest, in a scratch copy of it.
+    """Start from a collected baseline; work in tutorials/ (run, --refresh) or, under pytest, in a scratch folder.
 
     Under pytest the pictures go to a temporary figures/ folder: a test run
     draws them all, but leaves the committed ones alone (a picture differs in
     a few bytes from one machine's BLAS and fonts to another's).
     """
+    gc.collect()  # garbage from before (other tutorials, tests) is freed now, not during a measurement
     namespace["__cwd__"] = os.getcwd()
     os.environ.setdefault("MPLBACKEND", "Agg")  # pictures go to files; no window opens
     workdir = namespace.get("__workdir__")
@@ -146,11 +175,23 @@ def setup(namespace):
 
 
 def teardown(namespace):
+    """Back to where we were; then empty the namespace, so that what the tutorial made is freed now.
+
+    Emptying it breaks the cycle between the namespace and the functions
+    defined in it (their globals), so that reference counting frees the
+    tutorial's models, gradients and optimizer state at once, instead of
+    Python's cycle collector, at some later moment.
+    """
     os.chdir(namespace.pop("__cwd__"))
     scratch = namespace.pop("__scratch__", None)
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
-    _check_nothing_pending(namespace)
+    try:
+        _check_nothing_pending(namespace)
+    finally:
+        kept = {k: namespace[k] for k in ("__refresh__", "__record__") if k in namespace}
+        namespace.clear()
+        namespace.update(kept)  # run() still needs the edits of --refresh and the record
 
 
 sybil = Sybil(
@@ -161,11 +202,19 @@ sybil = Sybil(
 )
 
 
-def run(path, refresh=False):
-    """Run one tutorial outside pytest; with refresh, rewrite its output blocks. Returns seconds."""
+def run(path, refresh=False, workdir=HERE, record=None):
+    """Run one tutorial outside pytest; with refresh, rewrite its output blocks. Returns seconds.
+
+    workdir: where it runs and writes its pictures (tutorials/ by default, so
+    that they can be committed; None: a scratch folder, removed afterwards).
+    record: a list; for each output block, in order, (its kind: 'output' or
+    'output timing', what the Python block above it printed) is appended to
+    it (skipped blocks leave no entry).
+    """
     document = sybil.parse(Path(path).resolve())
     edits = document.namespace["__refresh__"] = [] if refresh else None
-    document.namespace["__workdir__"] = HERE  # pictures into tutorials/figures/, to be committed
+    document.namespace["__record__"] = record
+    document.namespace["__workdir__"] = workdir
     start = time.perf_counter()
     setup(document.namespace)
     try:
@@ -186,7 +235,76 @@ def run(path, refresh=False):
     return seconds
 
 
+# -- notebooks: what Jupyter printed, against the Markdown ---------------------------------
+def check_notebook(path):
+    """Check a notebook that Jupyter ran against the output blocks of the Markdown file it came from.
+
+    path: NN_name.ipynb, made from NN_name.md beside it by Jupytext and run
+    (tutorials/README.md, "Open one as a notebook"). Each code cell's printed
+    output (stdout) is compared as check_output compares it: with the output
+    block below that Python block, or with nothing. A cell that stopped on an
+    error fails. A block between skip comments (a GPU, MPI) may instead
+    print its own "skipped: ..." line. Raises AssertionError naming the first
+    cell that differs; returns the number of cells checked.
+    """
+    nbformat = _import("nbformat")
+    path = Path(path)
+    source = path.with_suffix(".md")
+    notebook = nbformat.read(path, as_version=4)
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    blocks = _python_blocks(source.read_text())
+    if len(cells) != len(blocks):
+        raise AssertionError(f"{path.name} has {len(cells)} code cells, {source.name} {len(blocks)} Python blocks: "
+                             "convert it again (jupytext --to ipynb ...)")
+    for n, (cell, (code, output, skippable)) in enumerate(zip(cells, blocks), start=1):
+        where = f"{path.name}, cell {n} ({code.strip().splitlines()[0][:60]!r})"
+        if cell.source.rstrip("\n") != code.rstrip("\n"):
+            raise AssertionError(f"{where}: the cell is not the Markdown's block any more; convert it again")
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        if errors:
+            raise AssertionError(f"{where} raised {errors[0].ename}: {errors[0].evalue}")
+        if cell.get("execution_count") is None:
+            raise AssertionError(f"{where} was not run: run the notebook first (jupyter execute --inplace ...)")
+        printed = "".join(o.text for o in cell.get("outputs", []) if o.output_type == "stream" and o.name == "stdout")
+        if skippable and printed.startswith("skipped: "):
+            continue
+        kind, expected = output if output is not None else ("output", "")
+        if not _matches(expected, printed, timing=kind.endswith("timing")):
+            raise AssertionError(f"{where}:\nExpected:\n{_indent(expected)}Got:\n{_indent(printed)}")
+    return len(cells)
+
+
+_FENCE = re.compile(r"^```(python|output(?: timing)?)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_SKIP = re.compile(r"<!--\s*skip:\s*(start|end)\b")
+
+
+def _python_blocks(text):
+    """[(code, (kind, expected output) or None, inside skip comments)] for each ```python block, in order."""
+    skip_marks = [(m.start(), m.group(1) == "start") for m in _SKIP.finditer(text)]
+    blocks = []
+    for m in _FENCE.finditer(text):
+        if m.group(1) == "python":
+            inside = False  # the last skip comment above the block says whether it is inside
+            for at, starts in skip_marks:
+                inside = starts if at < m.start() else inside
+            blocks.append([m.group(2), None, inside])
+        elif blocks and blocks[-1][1] is None:
+            blocks[-1][1] = (m.group(1), m.group(2))
+    return [tuple(b) for b in blocks]
+
+
+def _import(name):
+    try:
+        return __import__(name)
+    except ImportError:
+        raise SystemExit(f"{name} is not installed: pip install -e \".[tutorials]\" (tutorials/README.md)") from None
+
+
 def main(argv):
+    if argv[:1] == ["--notebook"]:
+        for path in argv[1:]:
+            print(f"{Path(path).name:<32} {check_notebook(path):3d} cells as the text shows", flush=True)
+        return
     refresh = "--refresh" in argv
     paths = [a for a in argv if a != "--refresh"] or sorted(HERE.glob(PATTERN))
     for path in paths:

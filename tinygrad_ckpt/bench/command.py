@@ -41,7 +41,7 @@ report.html, an interactive page of every byte of one step (opens from disk).
 
 def add_arguments(parser):
     parser.add_argument("--quick", action="store_true",
-                        help="a smaller set: W1 depth 8 and 16, W2 2 blocks, three W3 splits")
+                        help="a smaller set: W1 depth 8 and 16, W2 4 blocks, three W3 splits")
     parser.add_argument("--output-dir", default="bench-out", metavar="DIR",
                         help="where bench.json, bench.md, the PNG plots and report.html go (default: bench-out)")
     parser.add_argument("--threads", type=int, default=2, help="BLAS threads (default 2; see the notes printed)")
@@ -51,7 +51,7 @@ def add_arguments(parser):
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes, for the tests
     parser.add_argument("--compare", action="store_true",
                         help="instead: W1 and W2 in this engine and in PyTorch, HIPS autograd and mygrad, "
-                             "those installed (pip install 'tinygrad_ckpt[compare]'; torch separately); see tinygrad_ckpt/bench/compare.py")
+                             "those installed (pip install -e \".[compare]\" in the clone; torch separately); see tinygrad_ckpt/bench/compare.py")
 
 
 def run(args):
@@ -101,7 +101,7 @@ def run(args):
             from . import plots  # matplotlib, the optional `plot` extra
         except ImportError as e:
             print(f"plots: skipped, matplotlib is not installed ({e}); get them with "
-                  "`pip install 'tinygrad_ckpt[plot]'` and run bench again")
+                  "`pip install -e \".[plot]\"` in the clone, and run bench again")
         else:
             written += plots.draw_all(results, args.output_dir)
         written += write_page(results, text, args.output_dir)

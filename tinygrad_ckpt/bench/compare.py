@@ -649,7 +649,7 @@ def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=
         notes = [f"machine: {describe()['description']}", f"threads: {thread_info['summary']}",
                  f"load average at the start: {_load_text()}"]
         for name, version in versions.items():
-            how = TORCH_INSTALL if name == "torch" else "pip install 'tinygrad_ckpt[compare]'"
+            how = TORCH_INSTALL if name == "torch" else 'pip install -e ".[compare]" in the clone'
             notes.append(f"{name}: " + (version if version else f"not installed ({how})"))
         installed = [Ours.name] + [n for n, v in versions.items() if v]
         rows = []

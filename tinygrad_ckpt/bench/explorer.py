@@ -53,7 +53,7 @@ except ImportError as e:  # the optional `report` extra
     raise ImportError(f"the memory explorer page needs Plotly ({e}): pip install 'tinygrad_ckpt[report]'") from None
 
 from ..memory import Timeline, format_bytes
-from .palette import COLOURS, PHASES, STACK, STYLES
+from .palette import CATEGORY_COLOURS, PHASES, STACK, STYLES
 from .report import write_text
 
 MIB = 2**20
@@ -158,7 +158,7 @@ def _step_view(timeline, strategy):
     records = _records(events)
     drawn = _thin(totals, MAX_DRAWN)
     traces = [go.Scatter(x=drawn, y=[events[i][c] / MIB for i in drawn], name=c, mode="lines", stackgroup="memory",
-                         line=dict(width=0, shape="hv", color=COLOURS[c]), fillcolor=COLOURS[c], hoverinfo="skip")
+                         line=dict(width=0, shape="hv", color=CATEGORY_COLOURS[c]), fillcolor=CATEGORY_COLOURS[c], hoverinfo="skip")
               for c in STACK]
     traces.append(go.Scatter(
         x=list(range(n)), y=[t / MIB for t in totals], name="total", mode="lines",
@@ -384,7 +384,7 @@ def _page(title, intro, sections, charts, tables, results):
     if charts or tables:  # a page of several parts: links to each
         nav = "".join(f"<a href='#{d['id']}'>{html.escape(d['id'].split('-', 1)[1].upper())}</a>" for _, d in sections)
         nav += ("<a href='#tradeoff'>planner</a>" if charts else "") + ("<a href='#tables'>tables</a>" if tables else "")
-    legend = "".join(f"<span class='swatch' style='background:{COLOURS[c]}'></span>{c} " for c in STACK)
+    legend = "".join(f"<span class='swatch' style='background:{CATEGORY_COLOURS[c]}'></span>{c} " for c in STACK)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",

@@ -2,7 +2,9 @@
 
     peak_memory.png     peak memory against depth (W1) and blocks (W2), per strategy:
                         the whole peak, and the saved activations (measured, and
-                        the analytic count as crosses)
+                        the analytic count as crosses); lines that coincide stay
+                        visible (hollow markers of different sizes) and the
+                        legend says which they coincide with
     timeline_w1.png     one training step per strategy, live bytes by category
     timeline_w2.png     op by op: the forward rise, the recompute bumps (marked
                         along the top), the backward fall
@@ -14,7 +16,10 @@
 
 Input is the dict strategies.collect() returns (and bench.json holds), so
 the plots can be redrawn from a saved JSON file: `plots.draw_all(json.load(f), dir)`.
-Every picture is written through the package's one atomic writer.
+Every picture is written through the package's one atomic writer, readable
+by everyone as any file the user writes (the umask decides, as for open()).
+Colours of memory categories and recompute marks come from palette.py, which
+the tutorials use too.
 `timeline_figure(timeline)` draws one memory.Timeline: it is what
 `memory.record(...).plot()` shows, and each panel of the timeline pictures.
 
@@ -32,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..memory import Timeline  # noqa: E402
 from ..serialization import atomic_write  # noqa: E402
-from .palette import COLOURS, PHASES, STACK, STYLES  # noqa: E402
+from .palette import CATEGORY_COLOURS, RECOMPUTE_COLOUR, SEGMENT_BACKWARD_COLOUR, STACK, STYLES  # noqa: E402
 
 MIB = 2**20
 
@@ -69,18 +74,36 @@ def save(fig, path):
 
 
 def peak_memory(results):
-    """Top: the step's whole peak; bottom: the peak of saved activations (x: the analytic count)."""
+    """Top: the step's whole peak; bottom: the peak of saved activations (x: the analytic count).
+
+    Strategies often have the same peak (in W1 the peak is the parameters,
+    gradients and optimizer state, whatever is checkpointed): each line gets
+    a hollow marker, the first drawn the largest, so that markers drawn on
+    top of each other still show, and a legend label that names the line it
+    coincides with.
+    """
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), squeeze=False)
     for col, (workload, xlabel) in enumerate((("W1", "depth (layers)"), ("W2", "blocks"))):
         rows = [r for r in results["rows"] if r["workload"] == workload and not r.get("infeasible")]
         strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-        for strategy in strategies:
+        drawn = ({}, {})  # per panel: strategy -> its points, to find lines that coincide
+        for k, strategy in enumerate(strategies):
             points = sorted((r["size"], r) for r in rows if r["strategy"] == strategy)
             sizes = [s for s, _ in points]
-            line, = axes[0][col].plot(sizes, [r["peak_bytes"] / MIB for _, r in points], "-", label=strategy, **_style(strategy))
-            axes[1][col].plot(sizes, [r["activation_peak_bytes"] / MIB for _, r in points], "-",
-                              label=strategy, **{**_style(strategy), "color": line.get_color()})
-            axes[1][col].plot(sizes, [r["predicted_activation_bytes"] / MIB for _, r in points], "x", color="black", markersize=7)
+            colour = None
+            for panel, key in enumerate(("peak_bytes", "activation_peak_bytes")):
+                ys = [r[key] / MIB for _, r in points]
+                same = next((other for other, xy in drawn[panel].items() if xy == (sizes, ys)), None)
+                drawn[panel][strategy] = (sizes, ys)
+                style = {**_style(strategy), "markersize": max(4, 11 - 1.5 * k), "markerfacecolor": "none",
+                         "markeredgewidth": 1.5}
+                if colour is not None:
+                    style["color"] = colour
+                label = strategy if same is None else f"{strategy} (same as {same})"
+                line, = axes[panel][col].plot(sizes, ys, "-", label=label, **style)
+                colour = line.get_color()
+            axes[1][col].plot(sizes, [r["predicted_activation_bytes"] / MIB for _, r in points], "x", color="black",
+                              markersize=5, zorder=3)
         axes[0][col].set_title(f"{workload}: peak live memory of a training step")
         axes[1][col].set_title(f"{workload}: peak of saved activations (x = predicted)")
         for row in (0, 1):
@@ -131,9 +154,11 @@ def draw_timeline(ax, timeline, title, top=None):
     events = timeline.events
     steps = range(len(events))
     ax.stackplot(steps, *[[e[c] / MIB for e in events] for c in STACK],
-                 labels=STACK, colors=[COLOURS[c] for c in STACK], step="post")
-    _shade(ax, events, lambda e: e["phase"] == "recompute" and e["kind"] == "op", PHASES["recompute"], "recompute (forward again)")
-    _shade(ax, events, lambda e: e["phase"] == "recompute" and e["kind"] != "op", "#7fb3d5", "the segment's backward")
+                 labels=STACK, colors=[CATEGORY_COLOURS[c] for c in STACK], step="post")
+    _shade(ax, events, lambda e: e["phase"] == "recompute" and e["kind"] == "op", RECOMPUTE_COLOUR,
+           "recompute (forward again)", hatch="////")
+    _shade(ax, events, lambda e: e["phase"] == "recompute" and e["kind"] != "op", SEGMENT_BACKWARD_COLOUR,
+           "the segment's backward")
     _shade(ax, events, lambda e: e["phase"] == "update", "#9e9e9e", "update (accumulate, optimizer)")
     first_backward = next((i for i, e in enumerate(events) if e["phase"] != "forward"), None)
     if first_backward is not None:
@@ -145,15 +170,20 @@ def draw_timeline(ax, timeline, title, top=None):
     ax.set_title(f"{title}: forward | backward (dashed line)", fontsize=9)
 
 
-def _shade(ax, events, inside, colour, label):
-    """Mark the runs of consecutive events for which inside(event) holds: a band along the top."""
+def _shade(ax, events, inside, colour, label, hatch=None):
+    """Mark the runs of consecutive events for which inside(event) holds: a band along the top.
+
+    hatch: a pattern over the band (white lines), so that the recompute band
+    differs from the one beside it in more than colour.
+    """
     start = None
     labelled = False
     for i, e in enumerate(events + [None]):
         if e is not None and inside(e):
             start = i if start is None else start
         elif start is not None:
-            ax.axvspan(start, i, ymin=0.93, ymax=1.0, color=colour, lw=0, label=None if labelled else label)
+            ax.axvspan(start, i, ymin=0.93, ymax=1.0, facecolor=colour, edgecolor="white" if hatch else colour,
+                       hatch=hatch, lw=0, label=None if labelled else label)
             ax.axvspan(start, i, color=colour, alpha=0.08, lw=0)
             labelled, start = True, None
 

@@ -22,10 +22,15 @@ steps are timed. A row reports:
   * the recompute in FLOPs (ops/flops.py over the timeline's recompute
     events), as the theoretical slowdown (3F + R) / 3F: a training step is
     about three forwards (backward of a matmul is two matmuls), and R is
-    what checkpointing does again, at most one more forward F; beside it,
-    R for the same strategy with a full recompute (early_stop=False: every
-    op of a segment again), one more step counted: what early stop and the
-    skipped ops save (recompute.py).
+    what checkpointing does again: at most one more forward F with one
+    level of checkpoints, more with a nested plan, which recomputes some
+    layers more than once; beside it, R for the same strategy with a full
+    recompute (early_stop=False: every op of a segment again), one more
+    step counted: what early stop and the skipped ops save (recompute.py).
+
+A strategy that cannot save anything at a size says so in its row: sqrt(n)
+segments on 2 blocks round to one segment, the whole stack, recomputed at
+once in backward.
 
 `collect(config, progress)` measures a set and returns every figure;
 `render(results)` makes the Markdown tables of them.
@@ -75,8 +80,8 @@ FULL = BenchConfig(
 )
 QUICK = BenchConfig(
     sizes=workloads.QUICK, budgets=(0.5, 0.25),
-    tradeoff_w1_depth=16, tradeoff_w2_blocks=2, tradeoff_fractions=(0.75, 0.5),
-    timeline_w1_depth=8, timeline_w2_blocks=2,
+    tradeoff_w1_depth=16, tradeoff_w2_blocks=4, tradeoff_fractions=(0.75, 0.5),
+    timeline_w1_depth=8, timeline_w2_blocks=4,
 )
 TINY = BenchConfig(
     sizes=workloads.TINY, budgets=(0.5, 0.25),
@@ -86,6 +91,9 @@ TINY = BenchConfig(
 SETS = {"full": FULL, "quick": QUICK, "tiny": TINY}
 
 LEARNING_RATE = 1e-4  # small: the step is measured, the model need not learn
+# The figure the summary quotes beside its measurements, and where it is from.
+HF_GUIDE = "transformers v4.47.1, perf_train_gpu_one"
+HF_GUIDE_URL = "https://huggingface.co/docs/transformers/v4.47.1/perf_train_gpu_one"
 F32 = 4
 
 
@@ -271,7 +279,11 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
             checkpointing(model, segments, policy, split)
         row["predicted_activation_bytes"] = _predicted_chain(how, size, segments, **formulas)
         if plan is not None:
-            row.update(plan=str(plan), planner_predicted_bytes=plan.peak_bytes)
+            row.update(plan=str(plan), planner_predicted_bytes=plan.peak_bytes,
+                       nested=any(isinstance(inner, list) for _, _, inner in plan.segments))
+        if how == "sqrt" and len(segment_bounds(size, segments)) == 1:
+            row["note"] = (f"sqrt({size}) rounds to 1 segment: the whole stack is one checkpoint, recomputed at "
+                           "once in backward, so it saves nothing")
         rows.append(row)
         timed.append((row, lambda s=segments, p=policy, h=split: checkpointing(model, s, p, h), step))
     time_in_turn(timed, config.repeats, progress, f"{workload} size {size}")
@@ -414,7 +426,8 @@ def table(rows, title, size_name, baselines, extra=None):
         else:
             cats = [mib(r["peak_by_category"][c]) for c in CATEGORY_COLUMNS]
             theory = f"{r['theory_ratio']:.2f}" if r.get("theory_ratio") else "—"
-            cells = [str(r["size"]), r["strategy"], mib(r["peak_bytes"]), *cats,
+            strategy = r["strategy"] + (f" ({r['note']})" if r.get("note") else "")
+            cells = [str(r["size"]), strategy, mib(r["peak_bytes"]), *cats,
                      mib(r["activation_peak_bytes"]), mib(r["predicted_activation_bytes"]),
                      _ratio(r, base), _ratio(r, base, "forward_backward_seconds"),
                      _ratio(r, base, "step_cpu_seconds"), theory, _recomputed(r)]
@@ -440,11 +453,13 @@ def summary(results):
     For each workload at its largest size: what each strategy does to the
     peak of saved activations and to the step's whole peak (which also holds
     parameters, gradients and optimizer state), and what it costs in time,
-    beside what users are often told ("Training will be ~20% slower",
-    Hugging Face transformers' gradient checkpointing guide,
-    huggingface.co/docs/transformers/en/grad_checkpointing) and the FLOP count.
+    beside what Hugging Face's guide says (HF_GUIDE: "gradient checkpointing
+    slows down training by approximately 20%"; gradient accumulation raises
+    the effective batch beyond what memory allows, and can slow training)
+    and the FLOP count.
     """
-    head = ["technique", "saved activations, peak", "whole step, peak", "step time", "CPU time", "often quoted", "theory"]
+    head = ["technique", "saved activations, peak", "whole step, peak", "step time", "CPU time",
+            f"Hugging Face's guide ({HF_GUIDE})", "theory"]
     lines = []
 
     def change(base, row, key):
@@ -463,11 +478,11 @@ def summary(results):
             if r["size"] != size or r["strategy"] == "none":
                 continue
             lines.append([
-                f"checkpointing {r['strategy']}, {workload} {size} {label}",
+                f"checkpointing {r['strategy']}, {workload} {size} {label}" + (f" ({r['note']})" if r.get("note") else ""),
                 change(base, r, "activation_peak_bytes"), change(base, r, "peak_bytes"),
                 f"{slower(base, r, 'step_seconds')} (forward+backward {slower(base, r, 'forward_backward_seconds')})",
                 slower(base, r, "step_cpu_seconds"),
-                "about +20%", f"{r['theory_ratio'] - 1:+.0%} (at most one extra forward: +33%)",
+                "about 20 % slower" if r["strategy"] == "every layer" else "", _theory(r),
             ])
     w3 = [r for r in results["rows"] if r["workload"] == "W3"]
     for r in w3[1:]:
@@ -477,10 +492,20 @@ def summary(results):
             change(base, r, "activation_peak_bytes"),
             f"{change(base, r, 'peak_bytes')}, of which {mib(r['peak_by_category']['accumulation'])} MiB buffers",
             slower(base, r, "step_seconds"), slower(base, r, "step_cpu_seconds"),
-            "keeps memory at micro-batch size", "same FLOPs; activations ∝ micro-batch",
+            "a larger effective batch than memory allows; can slow training", "same FLOPs; activations ∝ micro-batch",
         ])
     return "\n".join(["### When accumulation and checkpointing are needed (measured in this run)", ""]
-                     + markdown_table(head, lines))
+                     + markdown_table(head, lines)
+                     + ["", f"Hugging Face's guide: {HF_GUIDE_URL} (its figure is for gradient_checkpointing=True, "
+                            "which checkpoints every layer)."])
+
+
+def _theory(row):
+    """The theory cell of a checkpointing row: the recompute's share, and what bounds it."""
+    extra = f"{row['theory_ratio'] - 1:+.0%}"
+    if row.get("nested"):
+        return f"{extra} (a nested plan: some layers recomputed more than once, so more than one extra forward)"
+    return f"{extra} (one level of checkpoints: at most one extra forward, +33%)"
 
 
 def render(results):
