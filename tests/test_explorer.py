@@ -38,7 +38,7 @@ try:
     HAVE_PLOTLY = True
 except ImportError:
     HAVE_PLOTLY = False
-needs_plotly = pytest.mark.skipif(not HAVE_PLOTLY, reason="Plotly is not installed (pip install 'tinygrad_ckpt[report]'): no page to check")
+needs_plotly = pytest.mark.skipif(not HAVE_PLOTLY, reason="Plotly is not installed (pip install -e \".[report]\"): no page to check")
 MIB = 2**20
 
 
@@ -124,7 +124,7 @@ def test_record_returns_what_fn_returns_and_names_it():
 
 
 def test_plot_draws_with_matplotlib():
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'tinygrad_ckpt[plot]')")
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e \".[plot]\")")
     import matplotlib.pyplot as plt
 
     fig = memory.record(mlp_step()).plot()
@@ -172,7 +172,7 @@ def embedded(path):
 def tiny_bench(tiny_bench_run):
     """The tiny set's output folder and bench.json (one run for this file and test_bench.py: tests/conftest.py)."""
     if not HAVE_PLOTLY:
-        pytest.skip("Plotly is not installed (pip install 'tinygrad_ckpt[report]'): no page to check")
+        pytest.skip("Plotly is not installed (pip install -e \".[report]\"): no page to check")
     code, out, results = tiny_bench_run
     assert code == 0
     return out, results
@@ -221,7 +221,7 @@ def test_bench_without_plotly_says_how_to_get_the_page(tiny_bench_run, tmp_path,
     monkeypatch.setitem(sys.modules, "tinygrad_ckpt.bench.explorer", None)  # and so does the explorer's
     monkeypatch.delattr(tinygrad_ckpt.bench, "explorer", raising=False)
     assert command.write_page(results, "tables", str(tmp_path)) == []  # bench writes the rest before it
-    assert "pip install 'tinygrad_ckpt[report]'" in capsys.readouterr().out
+    assert "pip install -e \".[report]\"" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []
 
 
@@ -268,7 +268,7 @@ LARGE_PAGE_MIB = 4.0  # the data of W1 at 64 layers and W2 at 8 blocks, every st
 def large_page(tmp_path_factory):
     """W1 at 64 layers and W2 at 8 blocks, every strategy the bench runs, on toy widths: the full steps' events."""
     if not HAVE_PLOTLY:
-        pytest.skip("Plotly is not installed (pip install 'tinygrad_ckpt[report]'): no page to check")
+        pytest.skip("Plotly is not installed (pip install -e \".[report]\"): no page to check")
     from tinygrad_ckpt import activations
     from tinygrad_ckpt.bench import explorer, strategies, workloads
     from tinygrad_ckpt.schedules import measure_layers

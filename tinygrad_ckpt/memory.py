@@ -305,7 +305,7 @@ class Timeline:
         """Draw the timeline with matplotlib: live bytes by category, phases shaded; returns the Figure.
 
         ax: a matplotlib Axes to draw into (default: a new figure). Needs
-        matplotlib (pip install 'tinygrad_ckpt[plot]').
+        matplotlib (pip install -e ".[plot]").
         """
         from .bench.plots import timeline_figure  # the instruments draw; see the module docstring
 
@@ -314,7 +314,7 @@ class Timeline:
     def to_html(self, path, title=None):
         """Write the memory explorer page of this timeline to path (self-contained HTML); returns path.
 
-        Needs Plotly (pip install 'tinygrad_ckpt[report]'). The page: the
+        Needs Plotly (pip install -e ".[report]"). The page: the
         stacked timeline with every event on hover, and the tape listing of
         its records linked to it (see bench/explorer.py).
         """

@@ -116,7 +116,7 @@ def write_page(results, tables, output_dir):
         from . import explorer
     except ImportError as e:
         print(f"memory explorer page: skipped, Plotly is not installed ({e}); get report.html with "
-              "`pip install 'tinygrad_ckpt[report]'` and run bench again")
+              "`pip install -e \".[report]\"` in the clone, and run bench again")
         return []
     path = explorer.write(results, os.path.join(output_dir, "report.html"), tables)
     print(f"memory explorer: {path} ({os.path.getsize(path) / 2**20:.1f} MiB; it opens from disk, no network)")

@@ -50,7 +50,7 @@ try:
     import plotly.graph_objects as go
     from plotly.offline import get_plotlyjs
 except ImportError as e:  # the optional `report` extra
-    raise ImportError(f"the memory explorer page needs Plotly ({e}): pip install 'tinygrad_ckpt[report]'") from None
+    raise ImportError(f"the memory explorer page needs Plotly ({e}): pip install -e \".[report]\"") from None
 
 from ..memory import Timeline, format_bytes
 from .palette import CATEGORY_COLOURS, PHASES, STACK, STYLES
