@@ -32,8 +32,10 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        s = (g * out).sum(axis=ctx.axis, keepdims=True)  # sum(g * out) per row; the product is freed here,
-        dx = g - s  # so dx reuses its memory (two live arrays the size of x, not three)
+        xp = array_module(g)
+        # sum(g * out) per row as a contraction: no array of products (one new array, dx).
+        s = xp.einsum("...i,...i->...", xp.moveaxis(g, ctx.axis, -1), xp.moveaxis(out, ctx.axis, -1))
+        dx = g - xp.expand_dims(s, ctx.axis)
         dx *= out
         return dx
 

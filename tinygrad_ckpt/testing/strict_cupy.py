@@ -457,6 +457,16 @@ def exp(x, out=None):
     return _ufunc(numpy.exp, x, out)
 
 
+def multiply(a, b, out=None):
+    """a * b; with `out`, written into that device array (cupy.multiply takes out= too)."""
+    if out is None:
+        return _call(numpy.multiply, a, b)
+    if not isinstance(out, ndarray):
+        raise TypeError(_MIXED)
+    numpy.multiply(_operand(a), _operand(b), out=out._array)
+    return out
+
+
 def log(x, out=None):
     return _ufunc(numpy.log, x, out)
 
@@ -559,6 +569,10 @@ def swapaxes(a, axis1, axis2):
 
 def broadcast_to(a, shape):
     return _view(numpy.broadcast_to(a._array, shape), a)
+
+
+def moveaxis(a, source, destination):
+    return _view(numpy.moveaxis(a._array, source, destination), a)
 
 
 def expand_dims(a, axis):
