@@ -4,7 +4,9 @@
                    sizes a run measures (full, quick, tiny)
     strategies.py  the strategy bench: checkpointing and accumulation
                    strategies on the workloads, memory and time per row
-    compare.py     the same workloads in PyTorch, HIPS autograd and mygrad
+    compare.py     the same workloads in PyTorch, HIPS autograd and mygrad, beside the floor
+    profile.py     where a step's time goes, op by op, against its floor
+    floor.py       the floor: a step's matrix products alone, and the machine's GEMM throughput
     plots.py       the bench's pictures (matplotlib, the optional `plot` extra)
     machine.py     the machine, its load, and the one thread limiter
     report.py      the one Markdown table renderer, and results files written atomically
