@@ -98,15 +98,21 @@ def profile_workload(size, repeats=5, device="cpu"):
     kinds = sorted({(op, phase) for op, phase, _, _ in floor.products})
     steps, per_op, floors, whole_floor = [], [], {k: [] for k in kinds}, []
 
+    faults = []
+
     def step():
         for p in params:
             p.grad = None
         gc.collect()
         backend.synchronize(device)
+        before = _minor_faults()
         start = time.perf_counter()
         size.loss(model, batch).backward()
         backend.synchronize(device)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if before is not None:
+            faults.append(_minor_faults() - before)
+        return seconds
 
     step()  # warm-up
     floor.run("forward"), floor.run("backward")
@@ -134,7 +140,16 @@ def profile_workload(size, repeats=5, device="cpu"):
     between = statistics.median(s - sum(times.values()) for s, times in zip(steps, per_op))
     ops[(BETWEEN, "")] = {"seconds": between, "calls": None, "floor": None}
     return {"size": size, "step": statistics.median(steps), "ops": ops, "floor": statistics.median(whole_floor),
-            "flops": floor.flops}
+            "flops": floor.flops, "faults": statistics.median(faults[1:]) if len(faults) > 1 else None}
+
+
+def _minor_faults():
+    """The process's minor page faults so far (None where the system does not say)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def profile(sizes, repeats=5, threads=2, device="cpu", progress=print):
@@ -171,7 +186,11 @@ def table(result):
                  f"{step / result['floor']:.2f}"])
     title = (f"### {label(result['size'])}: {step * 1000:.1f} ms per step, floor {result['floor'] * 1000:.1f} ms "
              f"({result['flops'] / 1e9:.2f} GFLOP of matrix products)")
-    return [title, ""] + markdown_table(head, rows) + [""]
+    faults = result.get("faults")
+    after = [] if faults is None else [
+        f"Minor page faults per step: {faults:.0f} (about {faults * 4 / 1024:.0f} MiB of pages the allocator asked "
+        "the system for again; they count in the op that first wrote them)", ""]
+    return [title, ""] + markdown_table(head, rows) + [""] + after
 
 
 def report(results, notes):
