@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh OUTDIR: the engine on a real GPU, in one go, in under 5 minutes.
+# gpu_check.sh OUTDIR: the engine on a real GPU, in one go, in under 8 minutes.
 #
 #   1. the test suite's CuPy runs: every engine test with device 'cuda' = CuPy
 #      (the [cupy] ids; conftest.py adds them when a GPU is present), plus
@@ -7,10 +7,16 @@
 #      tiny GPT, with and without checkpointing; engine memory vs CuPy's pool);
 #   2. the reference workloads W1 and W2 on the GPU (benchmarks/gpu_workloads.py):
 #      peak memory by strategy (engine categories and CuPy's pool), step-time
-#      ratios to no checkpointing, absolute times with the GPU named.
+#      ratios to no checkpointing, absolute times with the GPU named;
+#   3. the comparison table of the README on the GPU (tinygrad-ckpt bench
+#      --compare --quick --device cuda): this engine on CuPy, PyTorch on CUDA
+#      if its build has CUDA, and the floor, the step's matrix products alone,
+#      measured on cuBLAS (CuPy); then bench --profile --quick --device cuda,
+#      each op's time against its floor.
 #
 # Writes into OUTDIR: gpu_check.log (everything printed), env.txt (machine,
-# driver, versions), pytest.xml (JUnit), workloads.json, results.json (a
+# driver, versions), pytest.xml (JUnit), workloads.json, compare/ (compare.md,
+# compare.json), profile/ (profile.md, profile.json), results.json (a
 # summary: test counts, exit codes, where the figures are).
 #
 # How to run, from the repository root, on a machine with an NVIDIA GPU:
@@ -24,7 +30,7 @@
 #
 # Without a GPU it says so, runs the workload script's dry path on the CPU
 # stand-in (to show the script works), and exits with status 3: no figures.
-# Exit status: 0 all passed, 1 tests failed, 2 workloads failed, 3 no GPU.
+# Exit status: 0 all passed, 1 tests failed, 2 workloads or the comparison failed, 3 no GPU.
 set -uo pipefail
 
 if [ $# -ne 1 ]; then
@@ -99,6 +105,14 @@ echo "== 2. workloads W1 and W2 on the GPU"
 timeout 100 $PY benchmarks/gpu_workloads.py --device cuda --out "$OUT"
 work_rc=$?
 echo "workloads exit status: $work_rc"
+
+echo "== 3. the comparison and the profile on the GPU, the floor on cuBLAS"
+timeout 120 $PY -m tinygrad_ckpt bench --compare --quick --device cuda --repeats 5 --output-dir "$OUT/compare"
+compare_rc=$?
+timeout 60 $PY -m tinygrad_ckpt bench --profile --quick --device cuda --repeats 5 --output-dir "$OUT/profile"
+profile_rc=$?
+echo "compare exit status: $compare_rc, profile exit status: $profile_rc"
+if [ $work_rc -eq 0 ]; then work_rc=$((compare_rc || profile_rc ? 2 : 0)); fi
 
 echo "== done in $(($(date +%s) - start)) s"
 summary $tests_rc $work_rc yes

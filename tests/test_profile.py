@@ -71,3 +71,27 @@ def test_bench_profile_writes_the_tables(tmp_path, capsys):
 def test_compare_and_profile_together_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["bench", "--compare", "--profile", "--tiny", "--output-dir", str(tmp_path)]) == 2
     assert "choose one" in capsys.readouterr().err
+
+
+def test_the_profile_runs_on_the_strict_gpu_stand_in():
+    # --device cuda: the engine and the floor on the device; here the strict
+    # CuPy stand-in, which refuses any implicit host copy.
+    from tinygrad_ckpt import backend
+    from tinygrad_ckpt.testing import strict_cupy
+
+    previous = backend.set_cuda_module(strict_cupy)
+    try:
+        result = profile.profile_workload(workloads.TINY.w2, repeats=1, device="cuda")
+    finally:
+        backend.set_cuda_module(previous)
+    assert result["ops"][("MatMul", "backward")]["floor"] > 0
+    assert sum(r["seconds"] for r in result["ops"].values()) == pytest.approx(result["step"])
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
+    from tinygrad_ckpt import backend
+
+    if backend.cuda_is_available():
+        pytest.skip("a GPU is present: --device cuda works here")
+    assert cli.main(["bench", "--profile", "--tiny", "--device", "cuda", "--output-dir", str(tmp_path)]) == 2
+    assert "--device cuda: device='cuda' needs CuPy" in capsys.readouterr().err

@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import asdict, replace
 
-from .. import random
+from .. import backend, random
 from . import compare, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
@@ -75,6 +75,11 @@ def run(args):
         raise ValueError("--compare and --profile are two runs: choose one")
     if args.device != "cpu" and not (args.compare or args.profile):
         raise ValueError("--device cuda is for --compare and --profile; the strategy bench runs on the CPU")
+    if args.device != "cpu":
+        try:
+            backend.module_for(args.device)
+        except RuntimeError as e:  # no CuPy or no GPU: say so in one line
+            raise ValueError(f"--device {args.device}: {e}") from None
     if args.compare:
         return run_compare(args, workloads.SETS[name])
     if args.profile:
