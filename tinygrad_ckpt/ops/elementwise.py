@@ -14,7 +14,7 @@ its backward reads, and skips saving for inputs that need no gradient.
 
 import numpy
 
-from ..backend import array_module, device_of
+from ..backend import array_module, as_array, device_of
 from ..function import Function
 
 
@@ -283,28 +283,27 @@ class GELU(Function):
     saving it (one array instead of two).
 
     Written for speed and memory: `a * b + c` in NumPy makes a new array per
-    operator, and each operator is a pass over memory. Here every step
-    updates an array in place (`*=`, `out=`), and both directions work
-    through x in pieces (on the CPU) small enough to stay in cache, so the
-    ten-odd steps of the formula cost one trip to memory, not ten. Forward
-    makes one new array, its result; backward its result and two scratch
-    arrays the size of a piece (PyTorch's fused kernel needs none).
+    operator. Here each step updates one array in place (`*=`, `out=`), so
+    forward makes one new array, its result. Backward needs two scratch
+    arrays besides its result; it works through x in pieces (on the CPU), so
+    the scratch arrays are small and stay in cache, where two arrays the size
+    of x would add to the step's peak memory (PyTorch's fused kernel needs
+    none). (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`,
+    which cannot be updated in place.)
     """
 
     @staticmethod
     def forward(ctx, x):
         xp = array_module(x)
         ctx.save_for_backward(x)
-        out = xp.empty(x.shape, dtype=x.dtype)
-        for xs, os in _pieces(x, out):
-            xp.multiply(xs, xs, out=os)
-            os *= 0.044715 * _SQRT_2_OVER_PI
-            os += _SQRT_2_OVER_PI
-            os *= xs  # u = sqrt(2/pi) (x + 0.044715 x^3)
-            xp.tanh(os, out=os)  # t
-            os += 1
-            os *= xs
-            os *= 0.5  # 0.5 x (1 + t)
+        out = as_array(x * x)
+        out *= 0.044715 * _SQRT_2_OVER_PI
+        out += _SQRT_2_OVER_PI
+        out *= x  # u = sqrt(2/pi) (x + 0.044715 x^3)
+        xp.tanh(out, out=out)  # t
+        out += 1
+        out *= x
+        out *= 0.5  # 0.5 x (1 + t)
         return out
 
     @staticmethod
@@ -312,41 +311,37 @@ class GELU(Function):
         (x,) = ctx.saved_arrays
         xp = array_module(x)
         dx = xp.empty(x.shape, dtype=x.dtype)
-        pieces = _pieces(x, g, dx)
-        k, t = (xp.empty(pieces[0][0].shape if pieces else 0, dtype=x.dtype) for _ in "kt")  # scratch
-        for xs, gs, dxs in pieces:
-            ks, ts = k[:xs.size], t[:xs.size]
-            xp.multiply(xs, xs, out=ks)
-            xp.multiply(ks, 0.044715 * _SQRT_2_OVER_PI, out=ts)
-            ts += _SQRT_2_OVER_PI
-            ts *= xs
-            xp.tanh(ts, out=ts)  # t = tanh(u), as in forward
-            ks *= 3 * 0.044715 * _SQRT_2_OVER_PI
-            ks += _SQRT_2_OVER_PI
-            ks *= xs  # k = sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
-            ts *= -1
-            ts += 1  # 1 - t
-            ks *= ts
-            ks += 1  # 1 + k (1 - t)
-            ts *= -1
-            ts += 2  # 1 + t
-            ks *= ts
-            ks *= gs
-            xp.multiply(ks, 0.5, out=dxs)
+        flat_x, flat_g, flat_dx = x.reshape(-1), g.reshape(-1), dx.reshape(-1)  # views
+        # On a GPU one piece: there each step is a kernel launch, and launches cost.
+        piece = _GELU_PIECE if device_of(x) == "cpu" else max(x.size, 1)
+        for i in range(0, x.size, piece):
+            _gelu_backward(xp, flat_x[i:i + piece], flat_g[i:i + piece], flat_dx[i:i + piece])
         return dx
 
 
-_PIECE = 1 << 15  # elements: 128 KiB of float32 per piece of each array, so a piece's arrays stay in cache
+_GELU_PIECE = 1 << 15  # elements: 128 KiB of float32 per scratch array
 
 
-def _pieces(*arrays):
-    """[(piece of a0, piece of a1, ...)]: the arrays (of one shape) flattened and cut into
-    consecutive pieces of _PIECE elements. On a GPU one piece: there each step is a kernel
-    launch, and launches cost more than memory traffic."""
-    flat = [a.reshape(-1) for a in arrays]  # views (the arrays are contiguous)
-    n = flat[0].size
-    piece = _PIECE if device_of(arrays[0]) == "cpu" else max(n, 1)
-    return [tuple(f[i:i + piece] for f in flat) for i in range(0, n, piece)]
+def _gelu_backward(xp, x, g, dx):
+    """dx[...] = g * dgelu/dx for one piece of the flat arrays (see GELU)."""
+    k = x * x
+    t = k * (0.044715 * _SQRT_2_OVER_PI)
+    t += _SQRT_2_OVER_PI
+    t *= x
+    xp.tanh(t, out=t)  # t = tanh(u), as in forward
+    k *= 3 * 0.044715 * _SQRT_2_OVER_PI
+    k += _SQRT_2_OVER_PI
+    k *= x  # k = sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
+    t *= -1
+    t += 1  # 1 - t
+    k *= t
+    k += 1  # 1 + k (1 - t)
+    t *= -1
+    t += 2  # 1 + t
+    k *= t
+    k *= g
+    k *= 0.5
+    dx[...] = k
 
 
 class Cast(Function):
