@@ -32,10 +32,12 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        xp = array_module(g)
-        # sum(g * out) per row as a contraction: no array of products (one new array, dx).
-        s = xp.einsum("...i,...i->...", xp.moveaxis(g, ctx.axis, -1), xp.moveaxis(out, ctx.axis, -1))
-        dx = g - xp.expand_dims(s, ctx.axis)
+        if g.ndim and ctx.axis in (-1, g.ndim - 1):  # rows along the last axis, as in attention:
+            # sum(g * out) per row as a contraction, without an array of products
+            s = array_module(g).einsum("...i,...i->...", g, out)[..., None]
+        else:
+            s = (g * out).sum(axis=ctx.axis, keepdims=True)
+        dx = g - s  # one new array
         dx *= out
         return dx
 

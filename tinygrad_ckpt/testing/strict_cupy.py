@@ -577,10 +577,6 @@ def broadcast_to(a, shape):
     return _view(numpy.broadcast_to(a._array, shape), a)
 
 
-def moveaxis(a, source, destination):
-    return _view(numpy.moveaxis(a._array, source, destination), a)
-
-
 def expand_dims(a, axis):
     return _view(numpy.expand_dims(a._array, axis), a)
 
