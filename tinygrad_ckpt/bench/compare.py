@@ -198,9 +198,6 @@ class Torch(_GradOnParams):
         a, b = make_data(workload, size, dtype)
         self.data = (torch.from_numpy(a).to(device), torch.from_numpy(b).to(device))
         self.n = _depth(workload, size)
-        if workload == "W2":
-            T = size.seq
-            self.future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), diagonal=1)  # key after query
 
     def grads(self):
         return {name: p.grad.cpu().numpy() for name, p in self.params.items()}
@@ -231,7 +228,10 @@ class Torch(_GradOnParams):
             k = k.view(B, T, nh, hs).transpose(1, 2)
             v = v.view(B, T, nh, hs).transpose(1, 2)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-            att = self._drop(torch.softmax(att.masked_fill(self.future, float("-inf")), dim=-1))
+            # The causal mask made in each block, as nanoGPT's `self.bias[:,:,:T,:T] == 0` and our model do
+            # (masked_fill saves it for backward: one (T, T) mask per block).
+            future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=self.device), diagonal=1)  # key after query
+            att = self._drop(torch.softmax(att.masked_fill(future, float("-inf")), dim=-1))
             y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
             x = x + self._drop(F.linear(y, p("attn.c_proj.weight"), p("attn.c_proj.bias")))
             h = F.layer_norm(x, (C,), p("ln_2.weight"), p("ln_2.bias"))
