@@ -134,3 +134,12 @@ def test_targets_read_the_ratios_of_the_same_rounds():
     assert found["W1, N=4 none: peak ours <= torch"][1]
     text = compare.table(rows)
     assert "| none | tinygrad_ckpt | 100.0 | 1.00 | 1.11 | 10.0 |" in text  # x floor and GFLOP/s
+
+
+def test_a_busy_machine_is_flagged_and_a_quiet_one_is_not(monkeypatch):
+    monkeypatch.setattr(compare, "gemm_throughput", lambda device: 1.0)
+    for load, flagged in ((1000.0, True), (0.0, False)):
+        monkeypatch.setattr(compare, "load_average", lambda: load)
+        _, notes = compare.compare([TINY["W1"]], libraries=("tinygrad_ckpt",), strategies=("none",), repeats=1,
+                                   check=False, progress=lambda what: None)
+        assert any(note.startswith("WARNING: the load average rose") for note in notes) == flagged

@@ -1,9 +1,11 @@
-"""Side by side with what a user would pick instead: PyTorch, HIPS autograd, mygrad.
+"""Side by side with what a user would pick instead: PyTorch, HIPS autograd, mygrad; and the floor.
 
-    python benchmarks/compare.py           # W1 (N=32) and W2 (L=4), every peer installed
+    python benchmarks/compare.py           # W1 (N=16, 32, 64), W2 (L=4, dropout 0.1 and 0), every peer installed
     tinygrad-ckpt bench --compare          # the same, from the command line
+    tinygrad-ckpt bench --compare --device cuda   # this engine, PyTorch (if built with CUDA), the floor on a GPU
 
-The reference workloads (workloads.py: W1 the deep MLP, W2 the GPT stack)
+The reference workloads (workloads.py: W1 the deep MLP, W2 the GPT stack),
+at the sizes of workloads.FULL.compare (or QUICK's, TINY's),
 run in this engine and in every peer that is installed, in one process,
 with the same initial weights (ours, copied), in float32, each library on
 the same number of threads. Strategies: "none" (no checkpointing), "every"
@@ -18,9 +20,18 @@ then is it the same computation. A row that disagrees is reported and not
 timed. Then, per row, in float32 with dropout as the workload defines it:
 
   step ms    median of forward + backward over `repeats` steps after a warm-up;
-             the libraries take turns step by step, so a busy machine slows
-             them alike. Gradients are set to None before each step (PyTorch's
-             zero_grad() default), so each step allocates its gradients.
+             the libraries take turns step by step (rounds), so a busy machine
+             slows them alike; the run notes the load average after every
+             round and warns if other work took more than half the CPUs besides
+             the run's own threads. Gradients are set
+             to None before each step (PyTorch's zero_grad() default), so each
+             step allocates its gradients.
+  x floor    step time over the floor's in the same rounds: the floor
+             (floor.py) is the step's matrix products alone, forward and
+             backward, same shapes and dtype, on bare NumPy (CuPy on a GPU),
+             into buffers made beforehand, a row of its own per strategy.
+  GFLOP/s    the step's matrix-product FLOPs over its step time; the notes
+             give the machine's GEMM throughput (one 2048 x 2048 product).
   saved MiB  what the graph holds for backward at the end of the forward, each
              buffer counted once: ours from memory.py (the "activations"
              category); PyTorch through torch.autograd.graph.saved_tensors_hooks
@@ -38,9 +49,11 @@ timed. Then, per row, in float32 with dropout as the workload defines it:
              tensors: about 0.1 MiB on W1), which PyTorch's figure, its graph
              being C++, does not.
 
-Ratios are the peer's figure over ours: above 1, ours does better.
+"x ours" is the peer's figure over ours: above 1, ours does better.
+`targets` reads the ratios the project aims at off the rows.
 
 What does not live here: the engine's own strategy benchmark (strategies.py),
+the floor's products (floor.py), the per-op profile (profile.py),
 the workloads' definitions (workloads.py), the models (nn/), checkpointing
 (checkpoint.py).
 """
@@ -715,10 +728,10 @@ def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=
     loads.append(load_average())
     notes.append(f"load average at the end: {_load_text(loads[-1])} ({os.cpu_count()} CPUs)")
     known = [x for x in loads if x is not None]
-    if known and busy(max(known)):
-        notes.append(f"WARNING: the load average rose to {max(known):.1f} during the run, above half the "
-                     f"{os.cpu_count()} CPUs: timings are unreliable (waiting BLAS and OpenMP threads slow every "
-                     "library, unevenly); run again on a quiet machine")
+    if known and busy(max(known) - threads):  # the run's own threads count in the load average too
+        notes.append(f"WARNING: the load average rose to {max(known):.1f} during the run: other work took more than "
+                     f"half the {os.cpu_count()} CPUs besides this run's {threads} thread(s), so timings are unreliable "
+                     "(waiting BLAS and OpenMP threads slow every library, unevenly); run again on a quiet machine")
     notes.append("peak MiB: tracemalloc (NumPy libraries; includes Python objects, ~0.1 MiB of tape records), "
                  "PyTorch's profiler allocation timeline (tensor storage only); ~ = less the gradients' bytes"
                  if device == "cpu" else
