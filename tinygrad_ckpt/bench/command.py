@@ -147,8 +147,10 @@ def run_compare(args, sizes):
 def run_profile(args, sizes):
     """bench --profile: the time of each op kind per step against its floor; prints it, writes profile.md and profile.json."""
     repeats = args.repeats if args.repeats is not None else 5
+    start = time.perf_counter()
     results, notes = profile.profile(sizes.compare, repeats=repeats, threads=args.threads, device=args.device,
                                      progress=lambda what: print(what, flush=True))
+    notes.append(f"the profile took {time.perf_counter() - start:.0f} s")
     text = profile.report(results, notes)
     print(text)
     write_text(os.path.join(args.output_dir, "profile.md"), text + "\n")
