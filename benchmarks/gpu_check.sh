@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh OUTDIR: the engine on a real GPU, in one go, in about 6 minutes.
+# gpu_check.sh OUTDIR: the engine on a real GPU, in one go, in about 10 minutes.
 #
 #   1. the test suite's CuPy runs: every engine test with device 'cuda' = CuPy
 #      (the [cupy] ids; conftest.py adds them when a GPU is present), plus
@@ -11,10 +11,16 @@
 #   3. `tinygrad-ckpt fit` against the GPU (benchmarks/gpu_fit_check.py): a
 #      GPT-2-small-sized Trainer step per strategy of fit's table, the walk's
 #      predicted peak against memory.py's (equal, or it fails), its device
-#      bound against CuPy's pool peak, and cudaMemGetInfo before and after.
+#      bound against CuPy's pool peak, and cudaMemGetInfo before and after;
+#   4. the comparison table of the README on the GPU (tinygrad-ckpt bench
+#      --compare --quick --device cuda): this engine on CuPy, PyTorch on CUDA
+#      if its build has CUDA, and the floor, the step's matrix products alone,
+#      measured on cuBLAS (CuPy); then bench --profile --quick --device cuda,
+#      each op's time against its floor.
 #
 # Writes into OUTDIR: gpu_check.log (everything printed), env.txt (machine,
 # driver, versions), pytest.xml (JUnit), workloads.json, fit_check.json,
+# compare/ (compare.md, compare.json), profile/ (profile.md, profile.json),
 # results.json (a summary: test counts, exit codes, where the figures are).
 #
 # How to run, from the repository root, on a machine with an NVIDIA GPU:
@@ -28,8 +34,8 @@
 #
 # Without a GPU it says so, runs the two scripts' dry paths on the CPU
 # stand-in (to show they work), and exits with status 3: no figures.
-# Exit status: 0 all passed, 1 tests failed, 2 workloads or the fit check
-# failed, 3 no GPU.
+# Exit status: 0 all passed, 1 tests failed, 2 workloads, the fit check or
+# the comparison failed, 3 no GPU.
 set -uo pipefail
 
 if [ $# -ne 1 ]; then
@@ -113,6 +119,14 @@ echo "== 3. fit's predictions against a GPT-2-small-sized step on the GPU"
 timeout 120 $PY benchmarks/gpu_fit_check.py --device cuda --out "$OUT"
 fit_rc=$?
 echo "fit check exit status: $fit_rc"
+
+echo "== 4. the comparison and the profile on the GPU, the floor on cuBLAS"
+timeout 120 $PY -m tinygrad_ckpt bench --compare --quick --device cuda --repeats 5 --output-dir "$OUT/compare"
+compare_rc=$?
+timeout 60 $PY -m tinygrad_ckpt bench --profile --quick --device cuda --repeats 5 --output-dir "$OUT/profile"
+profile_rc=$?
+echo "compare exit status: $compare_rc, profile exit status: $profile_rc"
+if [ $work_rc -eq 0 ]; then work_rc=$((compare_rc || profile_rc ? 2 : 0)); fi
 
 echo "== done in $(($(date +%s) - start)) s"
 summary $tests_rc $work_rc $fit_rc yes

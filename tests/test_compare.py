@@ -47,17 +47,21 @@ def test_segments_are_cut_where_checkpoint_sequential_cuts_them():
 
 def test_a_missing_peer_is_reported_not_an_error(monkeypatch):
     monkeypatch.setattr(compare, "peer_version", lambda name: None)  # as if no peer were installed
+    monkeypatch.setattr(compare, "gemm_throughput", lambda device: 1.0)  # the 2048 x 2048 anchor is slow here
     rows, notes = compare.compare({"W1": TINY["W1"]}, strategies=("none", "every"), repeats=1,
                                   check=False, progress=lambda what: None)
-    assert {r["library"] for r in rows} == {compare.Ours.name}
+    assert {r["library"] for r in rows} == {compare.Ours.name, "floor"}  # the floor: a row per strategy
     for peer in ("torch", "autograd", "mygrad"):
         assert any(note.startswith(f"{peer}: not installed") for note in notes)
-    ours = {r["strategy"]: r for r in rows}
+    ours = {r["strategy"]: r for r in rows if r["library"] == compare.Ours.name}
     # Checkpointing every layer saves less for backward than saving everything.
     assert 0 < ours["every"]["saved"] < ours["none"]["saved"]
-    assert all(r["step"] > 0 and r["peak"] >= r["saved"] for r in rows)
+    assert all(r["step"] > 0 and r["peak"] >= r["saved"] for r in ours.values())
+    floors = [r for r in rows if r["library"] == "floor"]
+    assert [r["strategy"] for r in floors] == ["none", "every"] and all(r["step"] > 0 for r in floors)
     text = compare.table(rows, notes)
     assert "tinygrad_ckpt" in text and "torch: not installed" in text
+    assert "| x floor | GFLOP/s |" in text and any("GEMM throughput: 1.0 GFLOP/s" in note for note in notes)
 
 
 def test_unknown_library_is_a_clear_error():
@@ -89,10 +93,55 @@ def test_bench_compare_writes_the_table_and_figures(tmp_path, monkeypatch, capsy
     from tinygrad_ckpt import cli
 
     monkeypatch.setattr(compare, "peer_version", lambda name: None)  # this engine alone: fast, and no timing asserted
+    monkeypatch.setattr(compare, "gemm_throughput", lambda device: 1.0)  # the 2048 x 2048 anchor is slow here
     assert cli.main(["bench", "--compare", "--tiny", "--repeats", "1", "--output-dir", str(tmp_path)]) in (0, None)
     table = (tmp_path / "compare.md").read_text()
     figures = json.loads((tmp_path / "compare.json").read_text())
     printed = capsys.readouterr().out
     assert "tinygrad_ckpt" in table and table.strip().strip("`").strip() in printed  # the file is what was printed
-    assert {r["workload"] for r in figures["rows"]} == {"W1", "W2"}
-    assert all(r["library"] == compare.Ours.name and r["step"] > 0 for r in figures["rows"])
+    # The tiny set's comparison: W1, and W2 with dropout 0.1 and 0, each with its floor.
+    assert list(dict.fromkeys(r["label"] for r in figures["rows"])) == [
+        workloads.label(size) for size in workloads.TINY.compare]
+    assert {r["library"] for r in figures["rows"]} == {compare.Ours.name, "floor"}
+    assert all(r["step"] > 0 for r in figures["rows"])
+
+
+def test_the_comparison_runs_on_the_strict_gpu_stand_in(monkeypatch):
+    # --device cuda: this engine and the floor on the device (here the strict
+    # CuPy stand-in, which refuses any implicit host copy); the NumPy-only peers are left out.
+    from tinygrad_ckpt import backend
+    from tinygrad_ckpt.testing import strict_cupy
+
+    previous = backend.set_cuda_module(strict_cupy)
+    monkeypatch.setattr(compare, "gemm_throughput", lambda device: 1.0)  # the 2048 x 2048 anchor is slow here
+    try:
+        rows, notes = compare.compare([TINY["W2"]], libraries=("tinygrad_ckpt", "autograd"), strategies=("none",),
+                                      repeats=1, device="cuda", progress=lambda what: None)
+    finally:
+        backend.set_cuda_module(previous)
+    assert {r["library"] for r in rows} == {compare.Ours.name, "floor"}
+    assert all(r["step"] > 0 for r in rows)
+    if _installed("autograd"):
+        assert any(note.startswith("autograd: not run on cuda") for note in notes)
+
+
+def test_targets_read_the_ratios_of_the_same_rounds():
+    size = workloads.TINY.w1
+    rows = [dict(workload="W1", label="W1, N=4", size=size, strategy="none", library=lib, version="", step=step,
+                 saved=saved, peak=saved, note="", flops=10**9)
+            for lib, step, saved in (("tinygrad_ckpt", 0.10, 5), ("torch", 0.11, 6), ("floor", 0.09, None))]
+    found = {what: (value, met) for what, value, met in compare.targets(rows)}
+    assert found["W1, N=4 none: step time ours / torch <= 1.0"] == ("0.91", True)
+    assert found["W1, N=4 none: step time ours / floor <= 1.15"] == ("1.11", True)
+    assert found["W1, N=4 none: peak ours <= torch"][1]
+    text = compare.table(rows)
+    assert "| none | tinygrad_ckpt | 100.0 | 1.00 | 1.11 | 10.0 |" in text  # x floor and GFLOP/s
+
+
+def test_a_busy_machine_is_flagged_and_a_quiet_one_is_not(monkeypatch):
+    monkeypatch.setattr(compare, "gemm_throughput", lambda device: 1.0)
+    for load, flagged in ((1000.0, True), (0.0, False)):
+        monkeypatch.setattr(compare, "load_average", lambda: load)
+        _, notes = compare.compare([TINY["W1"]], libraries=("tinygrad_ckpt",), strategies=("none",), repeats=1,
+                                   check=False, progress=lambda what: None)
+        assert any(note.startswith("WARNING: the load average rose") for note in notes) == flagged

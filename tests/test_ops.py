@@ -304,6 +304,28 @@ def test_cat(axis, sizes, data):
     check_grad(lambda *xs: F.cat(xs, axis=axis), *parts)
 
 
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=4), st.integers(0, 1), st.data())
+def test_split(sizes, axis, data):
+    # Pieces of the given sizes (a piece may be empty), each used: every piece's gradient comes back.
+    shape = (sum(sizes), 2) if axis == 0 else (2, sum(sizes))
+    x = data.draw(arrays(shape))
+    check_grad(lambda t: F.cat([p * (i + 1) for i, p in enumerate(t.split(sizes, dim=axis))], axis=axis), x)
+
+
+def test_split_as_pytorch_and_a_piece_left_unused():
+    x = Tensor(numpy.arange(14.0).reshape(2, 7), requires_grad=True)
+    pieces = x.split(3, dim=-1)  # PyTorch: pieces of 3, the last one smaller
+    assert [p.shape for p in pieces] == [(2, 3), (2, 3), (2, 1)]
+    numpy.testing.assert_array_equal(pieces[2].numpy(), [[6.0], [13.0]])
+    assert all(p.data.base is not None for p in pieces)  # views of x, as PyTorch's
+    pieces[1].sum().backward()  # the other pieces get no gradient: zeros there
+    numpy.testing.assert_array_equal(x.grad.numpy(), [[0, 0, 0, 1, 1, 1, 0]] * 2)
+    with pytest.raises(ValueError, match="split: sizes \\[2, 2\\] do not add up to 7"):
+        x.split([2, 2], dim=1)
+    with pytest.raises(ValueError, match="split_size must be a positive integer"):
+        x.split(0, dim=1)
+
+
 def stack_case(shape):
     """1 to 3 arrays of one shape, and an axis to stack them along."""
     return st.tuples(st.lists(arrays(shape), min_size=1, max_size=3), st.integers(-len(shape) - 1, len(shape)))

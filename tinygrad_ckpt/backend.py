@@ -132,6 +132,19 @@ def to_host(array):
     return array.get()
 
 
+def synchronize(device):
+    """Wait until `device` has done all the work queued on it (CuPy runs asynchronously).
+
+    A no-op on the CPU, and on an array module without streams (the strict stand-in).
+    Timing code calls it before each clock read.
+    """
+    if device == "cpu":
+        return
+    cuda = getattr(module_for(device), "cuda", None)
+    if cuda is not None:
+        cuda.Device().synchronize()
+
+
 def storage(array):
     """The array that owns `array`'s memory: a view is counted once, by its base."""
     while getattr(array, "base", None) is not None and hasattr(array.base, "nbytes"):

@@ -448,6 +448,18 @@ class Tensor:
     def __getitem__(self, index):
         return movement.GetItem.apply(self, index=_raw_index(index, self.device))
 
+    def split(self, split_size_or_sections, dim=0):
+        """Views of consecutive pieces along dim, as in PyTorch: pieces of split_size_or_sections
+        (the last one smaller if it does not divide), or of each size in a list. One record for all."""
+        n = self.shape[dim]
+        if isinstance(split_size_or_sections, int):
+            if split_size_or_sections < 1:
+                raise ValueError(f"split: split_size must be a positive integer, got {split_size_or_sections}")
+            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)] or [0]
+        else:
+            sizes = [int(s) for s in split_size_or_sections]
+        return movement.Split.apply(self, sizes=tuple(sizes), axis=dim)
+
 
 def _matmul(a, b):
     """NumPy's matmul rules: 1-D operands get a unit dimension, removed after."""

@@ -4,7 +4,9 @@
                    sizes a run measures (full, quick, tiny)
     strategies.py  the strategy bench: checkpointing and accumulation
                    strategies on the workloads, memory and time per row
-    compare.py     the same workloads in PyTorch, HIPS autograd and mygrad
+    compare.py     the same workloads in PyTorch, HIPS autograd and mygrad, beside the floor
+    profile.py     where a step's time goes, op by op, against its floor
+    floor.py       the floor: a step's matrix products alone, and the machine's GEMM throughput
     plots.py       the bench's pictures (matplotlib, the optional `plot` extra)
     explorer.py    the memory explorer: report.html, one step event by event, the
                    tape listing linked to it (Plotly, the optional `report` extra)

@@ -2,7 +2,8 @@
 
     tinygrad-ckpt bench --quick                  # the smallest sizes of the reference workloads
     tinygrad-ckpt bench --output-dir bench-out   # the full set (it says how long it took)
-    tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad (compare.py)
+    tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad, the floor (compare.py)
+    tinygrad-ckpt bench --profile                # where a step's time goes, op by op (profile.py)
 
 The strategy bench (strategies.py) writes, into --output-dir, bench.md (the
 tables printed on the terminal), bench.json (every figure, the machine, the
@@ -10,8 +11,9 @@ threads), PNG plots drawn by plots.py with matplotlib (the optional `plot`
 extra) and report.html, the memory explorer page (explorer.py, with Plotly:
 the optional `report` extra); without either library the rest is still
 written, and the run says how to get what is missing. `--compare` runs compare.py instead and
-writes compare.md and compare.json. --quick and the hidden --tiny (toy sizes,
-for the tests) choose the set of sizes (workloads.py) for either.
+writes compare.md and compare.json; `--profile` runs profile.py and writes
+profile.md and profile.json. --quick and the hidden --tiny (toy sizes,
+for the tests) choose the set of sizes (workloads.py) for each.
 
 What does not live here: the measuring (strategies.py, compare.py), the
 machine and its threads (machine.py), the table format and the file writer
@@ -23,8 +25,8 @@ import os
 import time
 from dataclasses import asdict, replace
 
-from .. import random
-from . import compare, machine, strategies, workloads
+from .. import backend, random
+from . import compare, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
 DESCRIPTION = """Measure checkpointing and accumulation strategies side by side on the reference
@@ -35,8 +37,10 @@ report.html, an interactive page of every byte of one step (opens from disk).
 
   tinygrad-ckpt bench --quick      the smaller set
   tinygrad-ckpt bench              the full set (it says how long it took)
-  tinygrad-ckpt bench --compare    W1 and W2 beside PyTorch, HIPS autograd and mygrad
-                                   (those installed; writes compare.md, compare.json)"""
+  tinygrad-ckpt bench --compare    W1 and W2 beside PyTorch, HIPS autograd, mygrad and the
+                                   floor (those installed; writes compare.md, compare.json)
+  tinygrad-ckpt bench --profile    where a step's time goes, op by op, against its floor
+                                   (writes profile.md, profile.json)"""
 
 
 def add_arguments(parser):
@@ -50,8 +54,15 @@ def add_arguments(parser):
     parser.add_argument("--no-plots", action="store_true", help="write the tables and JSON only (no PNGs, no report.html)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes, for the tests
     parser.add_argument("--compare", action="store_true",
-                        help="instead: W1 and W2 in this engine and in PyTorch, HIPS autograd and mygrad, "
-                             "those installed (pip install -e \".[compare]\" in the clone; torch separately); see tinygrad_ckpt/bench/compare.py")
+                        help="instead: W1 (16, 32, 64 layers) and W2 (dropout 0.1 and 0) in this engine, in PyTorch, "
+                             "HIPS autograd and mygrad, those installed (pip install -e \".[compare]\" in the clone; torch "
+                             "separately), and the floor (the step's matrix products alone); see tinygrad_ckpt/bench/compare.py")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: the time of each op kind in a step of this engine, forward and backward, "
+                             "against its floor; writes profile.md and profile.json; see tinygrad_ckpt/bench/profile.py")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="with --compare or --profile: cuda runs this engine (CuPy), PyTorch (if built with CUDA) "
+                             "and the floor (cuBLAS) on the GPU")
 
 
 def run(args):
@@ -62,8 +73,19 @@ def run(args):
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     os.makedirs(args.output_dir, exist_ok=True)
+    if args.compare and args.profile:
+        raise ValueError("--compare and --profile are two runs: choose one")
+    if args.device != "cpu" and not (args.compare or args.profile):
+        raise ValueError("--device cuda is for --compare and --profile; the strategy bench runs on the CPU")
+    if args.device != "cpu":
+        try:
+            backend.module_for(args.device)
+        except RuntimeError as e:  # no CuPy or no GPU: say so in one line
+            raise ValueError(f"--device {args.device}: {e}") from None
     if args.compare:
         return run_compare(args, workloads.SETS[name])
+    if args.profile:
+        return run_profile(args, workloads.SETS[name])
     config = strategies.SETS[name]
     if args.repeats is not None:
         config = replace(config, repeats=args.repeats)
@@ -124,13 +146,31 @@ def write_page(results, tables, output_dir):
 
 
 def run_compare(args, sizes):
-    """bench --compare: W1 and W2 at the set's one size each; prints the table, writes compare.md and compare.json."""
+    """bench --compare: the set's comparison sizes; prints the table, writes compare.md and compare.json."""
     repeats = args.repeats if args.repeats is not None else 5
-    rows, notes = compare.compare({"W1": sizes.w1, "W2": sizes.w2}, repeats=repeats, threads=args.threads,
+    start = time.perf_counter()
+    rows, notes = compare.compare(sizes.compare, repeats=repeats, threads=args.threads, device=args.device,
                                   progress=lambda what: print(what, flush=True))
+    notes.append(f"the comparison took {time.perf_counter() - start:.0f} s")
     text = compare.report(rows, notes)
     print(text)
     write_text(os.path.join(args.output_dir, "compare.md"), text + "\n")
     figures = [{**r, "size": asdict(r["size"])} for r in rows]
     write_json(os.path.join(args.output_dir, "compare.json"), {"rows": figures, "notes": notes})
+    return 0
+
+
+def run_profile(args, sizes):
+    """bench --profile: the time of each op kind per step against its floor; prints it, writes profile.md and profile.json."""
+    repeats = args.repeats if args.repeats is not None else 5
+    start = time.perf_counter()
+    results, notes = profile.profile(sizes.compare, repeats=repeats, threads=args.threads, device=args.device,
+                                     progress=lambda what: print(what, flush=True))
+    notes.append(f"the profile took {time.perf_counter() - start:.0f} s")
+    text = profile.report(results, notes)
+    print(text)
+    write_text(os.path.join(args.output_dir, "profile.md"), text + "\n")
+    figures = [{**r, "size": asdict(r["size"]), "ops": [{"op": op, "phase": phase, **v} for (op, phase), v in r["ops"].items()]}
+               for r in results]
+    write_json(os.path.join(args.output_dir, "profile.json"), {"workloads": figures, "notes": notes})
     return 0

@@ -33,8 +33,10 @@ from dataclasses import dataclass, replace
 
 import numpy
 
+from .. import functional as F
 from ..nn.mlp import MLP
 from ..nn.transformer import GPT, GPTConfig
+from ..tensor import Tensor
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,12 @@ class DeepMLP:
         """(x, target): two (batch, width) arrays of standard normal values."""
         shape = (self.batch, self.width)
         return rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+
+    def loss(self, model, batch):
+        """The step's loss: MSE of the model's output against the target (a 0-d Tensor), on the model's device."""
+        device = model.head.weight.device
+        x, target = batch
+        return F.mse_loss(model(Tensor(x, device=device)), Tensor(target, device=device))
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,11 @@ class GPTStack:
         tokens = rng.integers(0, self.vocab, size=(batch or self.batch, self.seq + 1))
         return tokens[:, :-1].copy(), tokens[:, 1:].copy()
 
+    def loss(self, model, batch):
+        """The step's loss: mean cross-entropy of the next-token logits (a 0-d Tensor)."""
+        idx, targets = batch
+        return model(idx, targets)[1]
+
 
 @dataclass(frozen=True)
 class Accumulation:
@@ -104,8 +117,9 @@ W2_BLOCKS = (2, 4, 8)
 class Sizes:
     """Which sizes of the workloads one run measures (FULL, QUICK, TINY).
 
-    w1 and w2 hold the shapes (and the one size a one-size run uses, such as
-    bench --compare); w1_depths and w2_blocks are the sizes a sweep measures.
+    w1 and w2 hold the shapes (and the one size a one-size run uses);
+    w1_depths and w2_blocks are the sizes a sweep measures; compare, the
+    sizes `bench --compare` and `bench --profile` run, in order.
     """
 
     w1: DeepMLP
@@ -113,6 +127,7 @@ class Sizes:
     w2: GPTStack
     w2_blocks: tuple
     w3: Accumulation
+    compare: tuple = ()
 
     def w1_at(self, n_layers):
         return replace(self.w1, n_layers=n_layers)
@@ -121,13 +136,33 @@ class Sizes:
         return replace(self.w2, n_layer=n_layer)
 
 
-FULL = Sizes(w1=W1, w1_depths=W1_DEPTHS, w2=W2, w2_blocks=W2_BLOCKS, w3=W3)
+
+def name(size):
+    """'W1' for a DeepMLP, 'W2' for a GPTStack."""
+    return "W1" if isinstance(size, DeepMLP) else "W2"
+
+
+def label(size):
+    """How a table names one size: 'W1, N=32' or 'W2, L=4, dropout 0.1'."""
+    if isinstance(size, DeepMLP):
+        return f"W1, N={size.n_layers}"
+    return f"W2, L={size.n_layer}, dropout {size.dropout:g}"
+
+
+# The comparison runs W1 at three depths, so the ratios are seen across
+# sizes, and W2 with dropout 0.1 (the reference) and 0 (what most current
+# models train with).
+FULL = Sizes(w1=W1, w1_depths=W1_DEPTHS, w2=W2, w2_blocks=W2_BLOCKS, w3=W3,
+             compare=(replace(W1, n_layers=16), W1, replace(W1, n_layers=64), W2, replace(W2, dropout=0.0)))
 # The same workloads at small sizes (`--quick`). W2 with 4 blocks, not 2: on 2 blocks sqrt(n) rounds to
 # one segment (the whole stack recomputed at once), and every strategy needs a few blocks to mean something.
 QUICK = Sizes(w1=replace(W1, n_layers=8), w1_depths=(8, 16), w2=replace(W2, n_layer=2), w2_blocks=(4,),
-              w3=replace(W3, model=replace(W2, n_layer=2), splits=((32, 1), (8, 4), (2, 16))))
+              w3=replace(W3, model=replace(W2, n_layer=2), splits=((32, 1), (8, 4), (2, 16))),
+              compare=(replace(W1, n_layers=16), replace(W2, n_layer=2), replace(W2, n_layer=2, dropout=0.0)))
 # Toy sizes for the test suite: seconds, and the figures mean nothing.
 _TINY_GPT = GPTStack(n_layer=2, n_embd=16, n_head=2, seq=8, batch=2, vocab=16, dropout=0.1)
-TINY = Sizes(w1=DeepMLP(n_layers=4, width=32, batch=8), w1_depths=(2, 4), w2=_TINY_GPT, w2_blocks=(2,),
-             w3=Accumulation(model=_TINY_GPT, effective_batch=4, splits=((4, 1), (2, 2), (1, 4))))
+_TINY_MLP = DeepMLP(n_layers=4, width=32, batch=8)
+TINY = Sizes(w1=_TINY_MLP, w1_depths=(2, 4), w2=_TINY_GPT, w2_blocks=(2,),
+             w3=Accumulation(model=_TINY_GPT, effective_batch=4, splits=((4, 1), (2, 2), (1, 4))),
+             compare=(_TINY_MLP, _TINY_GPT, replace(_TINY_GPT, dropout=0.0)))
 SETS = {"full": FULL, "quick": QUICK, "tiny": TINY}

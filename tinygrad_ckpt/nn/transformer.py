@@ -75,8 +75,7 @@ class CausalSelfAttention(Module):
     def forward(self, x):
         B, T, C = x.shape  # batch, sequence length, embedding width
         nh, hs = self.n_head, C // self.n_head
-        qkv = self.c_attn(x)  # (B, T, 3C)
-        q, k, v = qkv[:, :, :C], qkv[:, :, C:2 * C], qkv[:, :, 2 * C:]  # each (B, T, C)
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> three views (B, T, C)
         q = q.reshape(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.reshape(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.reshape(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)

@@ -2,7 +2,7 @@
 
     elementwise.py  + - * / ** neg exp log tanh sigmoid relu gelu where cast
     reduce.py       sum mean max
-    movement.py     reshape permute getitem cat stack clone to-device
+    movement.py     reshape permute getitem split cat stack clone to-device
     matmul.py       batched matmul, linear
     nn.py           softmax log-softmax layer-norm cross-entropy dropout
     flops.py        what each op costs: its forward FLOPs, from shapes

@@ -26,12 +26,12 @@ memory an op keeps (function.py's save_for_backward counts it).
 #   LogSoftmax  max, subtract, exp, sum, subtract      (per input element) -> 5
 #   CrossEntropy as LogSoftmax on the logits                               -> 5
 #   LayerNorm   mean, subtract, square, mean, *rstd, *weight, +bias        -> 7
-# Movement ops (Reshape, Permute, GetItem, Cat, Stack, ToDevice) copy or
+# Movement ops (Reshape, Permute, GetItem, Split, Cat, Stack, ToDevice) copy or
 # view memory and count 0; reductions count one FLOP per input element. A
 # Checkpoint record counts 0: the ops of its segment are counted themselves.
 PER_ELEMENT = {"GELU": 9, "Dropout": 2}
 PER_INPUT_ELEMENT = {"Softmax": 5, "LogSoftmax": 5, "CrossEntropy": 5, "LayerNorm": 7, "Sum": 1, "Mean": 1, "Max": 1}
-MOVEMENT = {"Reshape", "Permute", "GetItem", "Cat", "Stack", "ToDevice", "Checkpoint"}
+MOVEMENT = {"Reshape", "Permute", "GetItem", "Split", "Cat", "Stack", "ToDevice", "Checkpoint"}
 
 
 def _size(shape):
@@ -58,3 +58,49 @@ def op_flops(op, input_shapes, output_shapes):
     if op in PER_INPUT_ELEMENT:
         return PER_INPUT_ELEMENT[op] * _size(input_shapes[0])
     return PER_ELEMENT.get(op, 1) * out
+
+
+def matrix_products(op, input_shapes, needs_input_grad):
+    """The matrix products one run of `op` does, forward and backward: [(phase, a shape, b shape)].
+
+    Each is `a @ b` in NumPy's matmul shapes, (..., m, k) @ (..., k, n), as
+    the op runs it (matmul.py): Linear, and a MatMul whose b is a 2-D matrix,
+    fold every leading axis of a into rows, one 2-D product. Backward has
+    one product per input that needs a gradient (needs_input_grad). An op
+    without matrix products: [].
+
+    >>> matrix_products("Linear", [(8, 4), (3, 4), (3,)], (True, True, True))
+    [('forward', (8, 4), (4, 3)), ('backward', (8, 3), (3, 4)), ('backward', (3, 8), (8, 4))]
+    """
+    if op == "Linear":  # x (..., k), weight (n, k): x @ weight^T; dx = g @ weight; dweight = g^T @ x
+        x, weight = input_shapes[0], input_shapes[1]
+        rows, k, n = _size(x[:-1]), x[-1], weight[0]
+        grads = [((rows, n), (n, k)), ((n, rows), (rows, k))]
+    elif op == "MatMul" and len(input_shapes[1]) == 2:  # a (..., k) @ b (k, n), folded
+        a, (k, n) = input_shapes
+        rows = _size(a[:-1])
+        grads = [((rows, n), (n, k)), ((k, rows), (rows, n))]
+    elif op == "MatMul":  # a (..., m, k) @ b (..., k, n); da = g @ b^T, db = a^T @ g
+        a, b = input_shapes
+        batch = _broadcast(a[:-2], b[:-2])
+        (m, k), n = a[-2:], b[-1]
+        g = batch + (m, n)
+        return ([("forward", tuple(a), tuple(b))]
+                + [("backward", g, tuple(b[:-2]) + (n, k))] * bool(needs_input_grad[0])
+                + [("backward", tuple(a[:-2]) + (k, m), g)] * bool(needs_input_grad[1]))
+    else:
+        return []
+    forward = ("forward", (rows, k), (k, n))
+    return [forward] + [("backward",) + pair for pair, need in zip(grads, needs_input_grad) if need]
+
+
+def product_flops(a, b):
+    """FLOPs of a @ b for NumPy matmul shapes (..., m, k) @ (..., k, n): 2 m n k per batch entry."""
+    batch = _broadcast(a[:-2], b[:-2])
+    return 2 * _size(batch) * a[-2] * a[-1] * b[-1]
+
+
+def _broadcast(s, t):
+    """The broadcast of two batch shapes (NumPy's rule), as a tuple."""
+    s, t = (1,) * (len(t) - len(s)) + tuple(s), (1,) * (len(s) - len(t)) + tuple(t)
+    return tuple(max(i, j) for i, j in zip(s, t))

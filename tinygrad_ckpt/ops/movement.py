@@ -1,4 +1,4 @@
-"""Movement ops: reshape, permute, indexing, concatenation, copies (clone, to a device).
+"""Movement ops: reshape, permute, indexing, splitting, concatenation, copies (clone, to a device).
 
 They move values without changing them, so each backward moves the gradient
 back the opposite way: reshape back, permute by the inverse permutation,
@@ -87,6 +87,33 @@ class GetItem(Function):
         parts = tuple(a if a is not None else p for a, p in zip(ctx.saved_arrays, ctx.index_parts))
         index = parts if ctx.is_tuple else parts[0]
         return backend.scatter_add(grad, index, g)
+
+
+class Split(Function):
+    """outs = x cut along axis into pieces of the given sizes (views);  dx = the pieces' gradients
+    concatenated back (zeros for a piece no gradient reached).  Saves nothing.
+
+    One record for every piece: backward writes x's gradient once, where
+    slicing x piece by piece (GetItem) would scatter each piece's gradient
+    into zeros the size of x and add them up.
+    """
+
+    @staticmethod
+    def forward(ctx, x, sizes, axis=0):
+        axis = axis % max(x.ndim, 1)
+        if sum(sizes) != x.shape[axis] or min(sizes, default=0) < 0:
+            raise ValueError(f"split: sizes {list(sizes)} do not add up to {x.shape[axis]}, "
+                             f"axis {axis} of the tensor of shape {tuple(x.shape)}")
+        ctx.axis = axis
+        pieces, start = [], 0
+        for n in sizes:
+            pieces.append(x[(slice(None),) * axis + (slice(start, start + n),)])
+            start += n
+        return tuple(pieces)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return array_module(*grads).concatenate(grads, axis=ctx.axis)
 
 
 class Cat(Function):

@@ -9,7 +9,7 @@ memory and a naive one, and why the saved-bytes figures match PyTorch's.
 
 import numpy
 
-from ..backend import array_module, as_array
+from ..backend import array_module, as_array, device_of
 from ..function import Function
 
 
@@ -32,8 +32,12 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        s = (g * out).sum(axis=ctx.axis, keepdims=True)  # sum(g * out) per row; the product is freed here,
-        dx = g - s  # so dx reuses its memory (two live arrays the size of x, not three)
+        if g.ndim and ctx.axis in (-1, g.ndim - 1):  # rows along the last axis, as in attention:
+            # sum(g * out) per row as a contraction, without an array of products
+            s = array_module(g).einsum("...i,...i->...", g, out)[..., None]
+        else:
+            s = (g * out).sum(axis=ctx.axis, keepdims=True)
+        dx = g - s  # one new array
         dx *= out
         return dx
 
@@ -134,7 +138,13 @@ class CrossEntropy(Function):
             raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {(n, classes)}")
         valid = targets != ignore_index  # (F.cross_entropy checks the range of host targets)
         logp = logits - logits.max(axis=1, keepdims=True)  # shifted: exp cannot overflow
-        logp -= xp.log(xp.exp(logp).sum(axis=1, keepdims=True))  # in place: log-probabilities
+        # log(sum(exp)) per row, a block of rows at a time: the exponentials never take an
+        # array the size of the logits (the end of the forward, here, is often the step's peak).
+        lse = xp.empty((n, 1), dtype=logp.dtype)
+        rows = max(1, _ROWS_OF // max(classes, 1)) if device_of(logits) == "cpu" else max(n, 1)
+        for start in range(0, n, rows):
+            lse[start:start + rows] = xp.exp(logp[start:start + rows]).sum(axis=1, keepdims=True)
+        logp -= xp.log(lse, out=lse)  # in place: log-probabilities
         safe = xp.where(valid, targets, 0)
         picked = logp[xp.arange(n), safe] * valid
         ctx.reduction = reduction
@@ -156,6 +166,9 @@ class CrossEntropy(Function):
         scale = g / xp.maximum(valid.sum(dtype=g.dtype), 1) if ctx.reduction == "mean" else g
         grad *= (valid * scale)[:, None]
         return grad
+
+
+_ROWS_OF = 1 << 15  # elements per block of rows (128 KiB of float32): CrossEntropy's exponentials
 
 
 class Dropout(Function):

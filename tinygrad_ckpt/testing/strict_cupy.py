@@ -457,6 +457,16 @@ def exp(x, out=None):
     return _ufunc(numpy.exp, x, out)
 
 
+def multiply(a, b, out=None):
+    """a * b; with `out`, written into that device array (cupy.multiply takes out= too)."""
+    if out is None:
+        return _call(numpy.multiply, a, b)
+    if not isinstance(out, ndarray):
+        raise TypeError(_MIXED)
+    numpy.multiply(_operand(a), _operand(b), out=out._array)
+    return out
+
+
 def log(x, out=None):
     return _ufunc(numpy.log, x, out)
 
@@ -501,8 +511,14 @@ def isnan(x):
     return _call(numpy.isnan, x)
 
 
-def matmul(a, b):
-    return _call(numpy.matmul, a, b)
+def matmul(a, b, out=None):
+    """a @ b; with `out`, written into that device array (cupy.matmul takes out= too)."""
+    if out is None:
+        return _call(numpy.matmul, a, b)
+    if not isinstance(out, ndarray):
+        raise TypeError(_MIXED)
+    numpy.matmul(_operand(a), _operand(b), out=out._array)
+    return out
 
 
 def vdot(a, b):
