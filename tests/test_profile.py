@@ -44,7 +44,8 @@ def test_ops_inside_a_checkpoint_are_timed_once():
     phases = {phase for _, phase in timer.seconds}
     assert phases == {"forward", "recompute", "backward"}
     assert timer.calls[("GELU", "forward")] == workloads.TINY.w1.n_layers
-    assert timer.calls[("GELU", "recompute")] == workloads.TINY.w1.n_layers
+    # The recompute stops early (recompute.py): the segment's last GELU is rebuilt from its saved input, not run.
+    assert timer.calls[("GELU", "recompute")] == workloads.TINY.w1.n_layers - 1
     assert all(s >= 0 for s in timer.seconds.values())
 
 
