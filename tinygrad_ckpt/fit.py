@@ -60,7 +60,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from . import activations, policies, step_memory
+from . import activations, step_memory
 from .nn.transformer import GPTConfig
 from .ops.flops import op_flops
 from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints
@@ -217,23 +217,20 @@ def _sublayer_ops(config, B, T):
 
 
 def step_flops(config, batch_size, seq_len):
-    """(forward FLOPs of one micro-batch, FLOPs per chain layer: [(all, under the selective policy)], split or not).
+    """(forward FLOPs of one micro-batch, forward FLOPs of each half block: [attention, feed-forward]).
 
-    Counted with saved.op_flops on the shapes each op sees, as the bench counts
-    a measured step's timeline; the backward is about twice the forward.
+    Counted with ops/flops.py's op_flops on the shapes each op sees, as the
+    bench counts a measured step's timeline; the backward is about twice the
+    forward. (What a checkpointed step recomputes is counted by step_memory's
+    walk, which follows the recompute's plan op by op.)
     """
     B, T, C, V = batch_size, seq_len, config.n_embd, config.vocab_size
     x = (B, T, C)
-    halves = []
-    for ops in _sublayer_ops(config, B, T):
-        total = sum(op_flops(op, i, o) for op, i, o in ops)
-        recomputed = sum(op_flops(op, i, o) for op, i, o in ops
-                         if policies.selective_attention(op) == policies.RECOMPUTE)
-        halves.append((total, recomputed))
+    halves = [sum(op_flops(op, i, o) for op, i, o in ops) for ops in _sublayer_ops(config, B, T)]
     embed = op_flops("Add", [x, (T, C)], [x]) + (op_flops("Dropout", [x], [x]) if config.dropout > 0 else 0)
     head = (op_flops("LayerNorm", [x, (C,), (C,)], [x]) + op_flops("Linear", [x, (V, C)], [(B, T, V)])
             + op_flops("CrossEntropy", [(B * T, V)], [()]))
-    forward = embed + config.n_layer * (halves[0][0] + halves[1][0]) + head
+    forward = embed + config.n_layer * sum(halves) + head
     return forward, halves
 
 
@@ -348,19 +345,11 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     profiles = {}
     for key, label_, checkpointing in STRATEGIES:
         profiles[key] = step_memory.profile_step(config, seq_len, **walk, **(checkpointing or {}))
-        recomputed = _recomputed_flops(config, checkpointing, halves)
+        recomputed = profiles[key].at(1).recomputed_flops  # what its recomputes run, per example
         plan.rows.append(_row(plan, key, label_, checkpointing, profiles[key], 1 + recomputed / (3 * forward)))
     plan.rows.append(_planner_row(plan, walk, forward, halves, nested_plans, planner_layers, profiles["every"]))
     plan.recommendation = recommend(plan)
     return plan
-
-
-def _recomputed_flops(config, checkpointing, halves):
-    """FLOPs the strategy recomputes per example (every segment of one level is recomputed once)."""
-    if checkpointing is None:
-        return 0
-    which = 1 if checkpointing.get("policy") else 0  # the selective policy recomputes its ops only
-    return config.n_layer * (halves[0][which] + halves[1][which])
 
 
 def _row(plan, key, label, checkpointing, profile, ratio, plan_=None):
@@ -394,7 +383,7 @@ def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
 
     def costs_at(b):
         inputs, held = activations.gpt_chain(L, T, b, config.n_embd, config.n_head, config.dropout > 0, itemsize=f)
-        flops = (halves[0][0] + halves[1][0]) * b
+        flops = sum(halves) * b
         costs = []
         for start in range(0, L, group):
             stop = min(start + group, L)
@@ -408,9 +397,6 @@ def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
         for a, b, how in segments:
             out.append((a * group, min(b * group, L), expand(how) if isinstance(how, list) else how))
         return out
-
-    def ratio(plan_):
-        return 1 + plan_.recompute_seconds / (3 * forward * plan_b) if plan_b else 1.0
 
     # The least-memory plan, and the largest micro-batch it fits.
     costs1, after1 = costs_at(1)
@@ -437,10 +423,12 @@ def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
             excess = memory.device_peak_bytes - plan.usable_bytes
             if excess <= 0:
                 found = Plan(segments, found.peak_bytes, found.recompute_seconds)
-                return _fixed(plan, label, dict(segments=segments), memory, largest, plan_b, ratio(found), found)
+                ratio = 1 + memory.recomputed_flops / (3 * forward * plan_b)
+                return _fixed(plan, label, dict(segments=segments), memory, largest, plan_b, ratio, found)
             budget -= excess
-    return _fixed(plan, label, dict(segments=least_segments), profile.at(1), largest, 0,
-                  1 + least.recompute_seconds / (3 * forward), Plan(least_segments, least.peak_bytes,
+    at_one = profile.at(1)
+    return _fixed(plan, label, dict(segments=least_segments), at_one, largest, 0,
+                  1 + at_one.recomputed_flops / (3 * forward), Plan(least_segments, least.peak_bytes,
                                                                     least.recompute_seconds))
 
 

@@ -25,9 +25,12 @@ The walk mirrors, in small, each part of the engine it stands for:
     _Tape.backward, _deliver  tape.py (the reverse walk, pending sums, leaf .grad)
     _Linear, _LayerNorm, ...  ops/: what each forward saves and returns, what each
                               backward returns (a new array, a view, or its input)
-    _SegmentTape, _Stash,     checkpoint.py and policies.py: a segment's first run
-    _ReplayTape, _checkpoint  saves nothing (or what a policy keeps), its record saves
-                              the inputs, its backward recomputes on a fresh tape
+    _SegmentTape, _Note,      checkpoint.py, recompute.py and policies.py: a segment's
+    _Stash, _checkpoint       first run saves nothing (or what a policy keeps) and
+                              notes each op; its record saves the input
+    _RecomputeTape            the recompute, by recompute.make_plan's own plan of the
+                              notes: ops run, replayed, rebuilt or skipped, and the
+                              early stop
     _Model                    nn/transformer.py's GPT, line by line
     _train_step               Trainer.compute_loss, backward, accumulate, the optimizer step
 
@@ -37,7 +40,7 @@ T, hs) -> (B, T, nh * hs) after a transpose, copies unless T, nh or hs is 1;
 everything an op computes is a new array. CuPy's reshape follows the same
 rule (a view where the strides allow one, else a copy).
 
-Three things it adds to what memory.py measures:
+Four things it adds to what memory.py measures:
 
   * a device bound (StepMemory.device_peak_bytes): memory.py sees an array
     once it becomes a Tensor or is saved. Each op also makes scratch arrays
@@ -50,9 +53,12 @@ Three things it adds to what memory.py measures:
     (tests/test_fit.py); on a GPU an allocator adds its rounding and cache.
   * copies: a run of identical blocks or segments is walked as three, and
     the others counted as copies of the second (`_run_segments`), exactly;
-    so a step of GPT-2 XL's 48 blocks walks in tens of milliseconds.
+    so a step of GPT-2 XL's 48 blocks walks in a few tens of milliseconds.
   * every batch size from two walks (`StepProfile`): every array is
     a + b * batch bytes, so the bytes at each check are affine in the batch.
+  * the recompute's FLOPs (StepMemory.recomputed_flops): each op of a block
+    carries its forward FLOPs (ops/flops.py), counted when a recompute runs
+    it; tests/test_fit.py checks them against the ops a real step ran.
 
 What does not live here: the saved-activation formulas (activations.py), the
 strategies and the table a user reads (fit.py), the measuring (memory.py).
@@ -65,6 +71,9 @@ from dataclasses import dataclass, field
 import numpy
 
 from . import memory, policies
+from .ops.flops import op_flops
+from .ops.nn import BLOCK_ELEMENTS
+from .recompute import KEEP, REBUILD, RUN, make_plan
 from .schedules import Plan, segment_bounds
 
 INT64 = 8  # token ids, positions and clamped targets are int64 arrays
@@ -227,6 +236,9 @@ class _Tensor:
 class _Ctx:
     """function.Context: save_for_backward holds arrays as activations; free() lets them go."""
 
+    counted = True  # False in a segment's first forward: what an op saves is noted, not counted
+    computed = True  # False for an op a recompute did not run (placeholders, or a policy's replay)
+
     def __init__(self, needs_input_grad):
         self.needs_input_grad = needs_input_grad
         self.saved = ()
@@ -234,20 +246,25 @@ class _Ctx:
     def save_for_backward(self, *arrays):
         if not any(self.needs_input_grad):
             return
-        for a in arrays:
-            if a is not None and not isinstance(a, _ParamArray):  # a saved weight stays "parameters"
-                _walk.ledger.track(a, "activations")
+        if self.counted:
+            for a in arrays:
+                if a is not None and not isinstance(a, _ParamArray):  # a saved weight stays "parameters"
+                    _walk.ledger.track(a, "activations")
         self.saved = arrays
 
     def free(self):
-        for a in self.saved:
-            if a is not None and not isinstance(a, _ParamArray):
-                _walk.ledger.release(a, "activations")
+        if self.counted:
+            for a in self.saved:
+                if a is not None and not isinstance(a, _ParamArray):
+                    _walk.ledger.release(a, "activations")
         self.saved = None
 
     def __del__(self):
         if self.saved:
             self.free()
+
+
+_CTX_OWN = ("needs_input_grad", "saved", "counted", "computed")  # the rest of a ctx: its forward's facts
 
 
 class _Node:
@@ -279,7 +296,7 @@ class _Tape:
     def run(self, op, ctx, arrays, options):
         return op.forward(ctx, *arrays, **options)
 
-    def append(self, node):
+    def append(self, node, inputs=()):
         self.records.append(weakref.ref(node))
 
     def backward(self, edges, grads):
@@ -301,7 +318,11 @@ class _Tape:
             out_grads = [pending.pop((node, i), None) for i in range(node.n_out)]
             if all(g is None for g in out_grads):
                 continue
+            copies = _walk.copies
+            if node.run is not None:  # a record of the unit standing for run.times more
+                _walk.copies = copies * (node.run.times + 1)
             in_grads = node.op.backward(node.ctx, *out_grads)
+            _walk.copies = copies
             # The new gradient arrays exist now, with the saved ones and the op's scratch: memory.py
             # sees each only once it is delivered (and a copy, a sum or an added one never).
             ledger = _walk.ledger
@@ -349,46 +370,88 @@ def _deliver(edge, g, pending, seen, unseen=0):
     return total is g
 
 
-class _SegmentTape(_Tape):
-    """checkpoint.SegmentTape: a segment's first forward; ops save nothing (or what a policy keeps)."""
+class _Note:
+    """recompute.OpNote, sizes only: one op of a segment's forward, as recompute.make_plan reads it.
 
-    def __init__(self, stash):
+    inputs: per input array its origin (("op", j, k), ("input", 0), ("outer", c), or None for a
+    constant the code makes); saved: per saved array ("input", i), ("option", key), ("output", k)
+    or ("new",); facts: what the op's forward left on its ctx for backward (sizes, flags).
+    """
+
+    __slots__ = ("op", "name", "inputs", "saved", "needs_input_grad", "node", "kept", "facts", "out_nbytes", "multiple")
+
+    def __init__(self, op, ctx, arrays, options, outs, multiple, origins, kept):
+        self.op, self.name, self.inputs, self.kept = op, op.name, origins, kept
+        self.saved = [None if a is None else _where(a, arrays, options, outs) or ("new",) for a in ctx.saved]
+        self.needs_input_grad = tuple(ctx.needs_input_grad)
+        self.node = None  # True once the op made a record (make_plan asks whether it did)
+        self.facts = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
+        self.out_nbytes, self.multiple = [o.nbytes for o in outs], multiple
+
+    @property
+    def nested(self):
+        return self.op is _Checkpoint
+
+
+class _SegmentTape(_Tape):
+    """recompute.SegmentTape: a segment's first forward; nothing saved (but what a policy keeps),
+    no record kept, and a note per op."""
+
+    def __init__(self, segment, x):
         super().__init__()
-        self.stash = stash
+        self.segment, self.input = segment, x
+        self.notes, self.outer = [], []  # the notes; the tensors from outside that need a gradient
+        self.produced = {}  # id(output array) -> (op index, output index, a weak reference to it)
+
+    def origin(self, a):
+        made = self.produced.get(id(a))
+        if made is not None and made[2]() is a:
+            return ("op", made[0], made[1])
+        return ("input", 0) if a is self.input.data else None
 
     def run(self, op, ctx, arrays, options):
-        if self.stash is not None:
-            return self.stash.forward(op, ctx, arrays, options)
-        ctx.needs_input_grad = (False,) * len(arrays)
-        return op.forward(ctx, *arrays, **options)
+        stash = self.segment.stash
+        keeps = stash is not None and op is not _Checkpoint and stash.decide(op) == policies.SAVE
+        ctx.counted = False  # noted, not kept
+        out = op.forward(ctx, *arrays, **options)
+        outs = out if isinstance(out, tuple) else (out,)
+        kept = stash.keep_op(ctx, arrays, options, outs, isinstance(out, tuple)) if keeps else None
+        note = _Note(op, ctx, arrays, options, outs, isinstance(out, tuple), [self.origin(a) for a in arrays], kept)
+        ctx.saved = ()
+        for k, o in enumerate(outs):
+            self.produced[id(o)] = (len(self.notes), k, weakref.ref(o))
+        self.notes.append(note)
+        return out
 
-    def append(self, node):
+    def append(self, node, inputs):
+        note = self.notes[-1]
+        note.node = True
+        for i, t in enumerate(inputs):
+            if t.requires_grad and t.node is None and t is not self.input:  # a parameter
+                if t not in self.outer:
+                    self.outer.append(t)
+                note.inputs[i] = ("outer", self.outer.index(t))
         node.edges = ()  # no record is kept
 
 
 class _Stash:
-    """policies.Stash: the ops a segment ran, and the outputs of those its policy keeps."""
+    """policies.Stash: the outputs and saved arrays of the ops the segment's policy keeps."""
 
     def __init__(self, policy):
-        self.policy, self.entries, self.arrays = policy, [], []
+        self.policy, self.arrays = policy, []
 
-    def forward(self, op, ctx, arrays, options):
+    def decide(self, op):
         decision = policies.decide(self.policy, op.name)
-        if decision == policies.RECOMPUTE:
-            ctx.needs_input_grad = (False,) * len(arrays)
-            self.entries.append(None)
-            return op.forward(ctx, *arrays, **options)
-        if decision != policies.SAVE:
+        if decision not in (policies.SAVE, policies.RECOMPUTE):
             raise ValueError(f"step_memory models the policies 'save' and 'recompute', not {decision!r} (op {op.name})")
-        out = op.forward(ctx, *arrays, **options)
-        outs = out if isinstance(out, tuple) else (out,)
+        return decision
+
+    def keep_op(self, ctx, arrays, options, outs, multiple):
+        """policies._Kept: references to what the op made and saved (an input is noted, not kept)."""
         kept_out = [self.keep(o) for o in outs]
-        kept_saved = [None if a is None else _where(a, arrays, options, outs) or self.keep(a)
-                      for a in ctx.saved or ()]
-        attrs = {k: v for k, v in vars(ctx).items() if k not in ("needs_input_grad", "saved")}
-        self.entries.append((kept_out, kept_saved, isinstance(out, tuple), attrs))
-        ctx.free()
-        return out
+        kept_saved = [None if a is None else _where(a, arrays, options, outs) or self.keep(a) for a in ctx.saved]
+        facts = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
+        return kept_out, kept_saved, multiple, facts
 
     def keep(self, a):
         for k, b in enumerate(self.arrays):
@@ -405,6 +468,17 @@ class _Stash:
         return tuple(arrays)
 
 
+def _replay(kept, ctx, input_array, options, stashed):
+    """policies._Kept.replay: a kept op's outputs and saved arrays, from the stash; nothing runs."""
+    kept_out, kept_saved, multiple, facts = kept
+    outs = [stashed[r[1]] for r in kept_out]
+    ctx.__dict__.update(facts)
+    ctx.save_for_backward(*(None if r is None else _resolve(r, input_array, options, outs, stashed)
+                            for r in kept_saved))
+    ctx.computed = False
+    return tuple(outs) if multiple else outs[0]
+
+
 def _where(a, arrays, options, outs):
     for i, b in enumerate(arrays):
         if a is b:
@@ -418,30 +492,104 @@ def _where(a, arrays, options, outs):
     return None
 
 
-def _resolve(ref, arrays, options, outs, stashed):
+def _resolve(ref, input_array, options, outs, stashed):
     kind, key = ref
-    return {"input": arrays, "option": options, "output": outs, "stash": stashed}[kind][key]
+    if kind == "input":
+        return input_array(key)
+    return {"option": options, "output": outs, "stash": stashed}[kind][key]
 
 
-class _ReplayTape(_Tape):
-    """policies.ReplayTape: the recompute; a kept op is not run again, its arrays come from the stash."""
+class _Stop(BaseException):
+    """recompute.StopRecompute: the recompute has run every op it must."""
 
-    def __init__(self, stash, stashed):
+
+class _RecomputeTape(_Tape):
+    """recompute.RecomputeTape: runs the segment's code again as its plan says (recompute.make_plan).
+
+    Up to the plan's stop, an op is RUN, replayed from the stash (KEEP), or, not run, hands on
+    placeholders (each a 0-d array of the model's dtype, which memory.py counts) with its record
+    REBUILT from its note (saving its inputs) or SKIPPED. At the op after the stop it raises _Stop;
+    `finish` then rebuilds the records after the stop from the notes, with the outputs held for them.
+    """
+
+    def __init__(self, segment, inputs, stashed):
         super().__init__()
-        self.stash, self.stashed, self.position = stash, stashed, 0
+        self.segment, self.notes, self.plan = segment, segment.notes, segment.plan
+        self.inputs, self.stashed = inputs, stashed
+        self.position = 0
+        self.by_position = {}  # op index -> its record here
+        self.held = {}  # (op index, output index) -> an array a record rebuilt after the stop needs
 
     def run(self, op, ctx, arrays, options):
-        entry = self.stash.entries[self.position]
+        j = self.position
+        if j > self.plan.stop:
+            raise _Stop
         self.position += 1
-        if entry is None:
-            return op.forward(ctx, *arrays, **options)
-        kept_out, kept_saved, multiple, attrs = entry
-        outs = [_resolve(r, arrays, options, None, self.stashed) for r in kept_out]
-        ctx.__dict__.update(attrs)
-        ctx.replayed = True
-        ctx.save_for_backward(*(None if r is None else _resolve(r, arrays, options, outs, self.stashed)
-                                for r in kept_saved))
-        return tuple(outs) if multiple else outs[0]
+        note, action = self.notes[j], self.plan.actions[j]
+        if action == RUN:
+            out = op.forward(ctx, *arrays, **options)
+        elif action == KEEP:
+            out = _replay(note.kept, ctx, lambda i: arrays[i], options, self.stashed)
+        else:
+            if action == REBUILD:
+                ctx.__dict__.update(note.facts)
+                ctx.save_for_backward(*(None if r is None else _resolve(r, lambda i: arrays[i], options, (), ())
+                                        for r in note.saved))
+            else:  # SKIP: no backward reaches it
+                ctx.needs_input_grad = (False,) * len(arrays)
+            # tape.placeholder: a broadcast view of one 0-d array of the model's dtype
+            outs = tuple(_view(_Array(_walk.itemsize), n) for n in note.out_nbytes)
+            out = outs if note.multiple else outs[0]
+            ctx.computed = False
+        for k in self.plan.hold.get(j, ()):
+            self.held[(j, k)] = (out if isinstance(out, tuple) else (out,))[k]
+        return out
+
+    def append(self, node, inputs):
+        super().append(node, inputs)
+        self.by_position[self.position - 1] = node
+
+    def finish(self):
+        """Rebuild the records after the stop (their arrays: the held outputs, inputs, parameters)."""
+        for j in self.plan.rebuilt:
+            note = self.notes[j]
+            ctx = _Ctx(note.needs_input_grad)
+            if self.plan.actions[j] == KEEP:
+                _replay(note.kept, ctx, lambda i, note=note: self.value(note.inputs[i]), {}, self.stashed)
+            else:
+                ctx.__dict__.update(note.facts)
+                ctx.save_for_backward(*(None if r is None else self.value(note.inputs[r[1]]) for r in note.saved))
+            node = _Node(note.op, ctx, (), ())
+            node.edges = tuple(self.edge(o) if needs else (None, None)
+                               for needs, o in zip(note.needs_input_grad, note.inputs))
+            node.n_out = len(note.out_nbytes)
+            _Tape.append(self, node)
+            self.by_position[j] = node
+        self.held = {}
+
+    def value(self, origin):
+        if origin[0] == "op":
+            j, k = origin[1], origin[2]
+            if self.plan.actions[j] == KEEP:
+                return self.stashed[self.notes[j].kept[0][k][1]]
+            return self.held[(j, k)]
+        if origin[0] == "input":
+            return self.inputs[0].data
+        return self.segment.outer[origin[1]].data
+
+    def edge(self, origin):
+        if origin is None:
+            return (None, None)
+        if origin[0] == "op":
+            return (self.by_position[origin[1]], origin[2])
+        if origin[0] == "input":
+            return _edge(self.inputs[0])
+        return (None, self.segment.outer[origin[1]])
+
+    def output_edges(self):
+        edges = [self.edge(origin) for origin, requires_grad in self.segment.out_origins if requires_grad]
+        self.by_position = self.inputs = self.stashed = None
+        return edges
 
 
 class _Walk:
@@ -453,20 +601,27 @@ class _Walk:
     stretch = True  # walk a run of identical units as three, and count the rest as copies
     device = "cpu"  # where the arrays live: "cpu" (NumPy) or "cuda" (CuPy); decides some scratch
     itemsize = 4
+    recomputing = 0  # how many recomputes are running (nested ones count again)
+    copies = 1  # how many units the records being walked back stand for (see _run_segments)
+    recomputed_flops = 0  # FLOPs of the ops the recomputes ran, copies counted
 
 
 _walk = _Walk()
 
 
-def _apply(op, *inputs, **options):
-    """function.Function.apply: run forward on the active tape, wrap outputs, record if needed."""
+def _apply(op, *inputs, flops=0, **options):
+    """function.Function.apply: run forward on the active tape, wrap outputs, record if needed.
+
+    flops: the op's forward FLOPs, added to the walk's count if it runs inside a recompute."""
     active = _walk.tapes[-1]
     needs = tuple(t.requires_grad for t in inputs) if active is not None else ()
     ctx = _Ctx(needs)
     arrays = [t.data for t in inputs]
     out = active.run(op, ctx, arrays, options) if active is not None else op.forward(ctx, *arrays, **options)
     outs = out if isinstance(out, tuple) else (out,)
-    if not getattr(ctx, "replayed", False):  # the op ran: its outputs exist, not yet counted, and its scratch
+    if ctx.computed:  # the op ran: its outputs exist, not yet counted, and its scratch
+        if _walk.recomputing:
+            _walk.recomputed_flops += flops * _walk.copies
         ledger = _walk.ledger
         made = sum(o.nbytes for o in outs if o.base is None and id(o) not in ledger.buffers)
         extra = made + op.scratch_forward(ctx, arrays)
@@ -477,7 +632,7 @@ def _apply(op, *inputs, **options):
     if requires_grad:
         node = _Node(op, ctx, inputs, tensors)
         node.run = next((r for r in reversed(_walk.runs) if r.tape is active), None)
-        active.append(node)
+        active.append(node, inputs)
     return tensors if isinstance(out, tuple) else tensors[0]
 
 
@@ -612,7 +767,8 @@ class _Softmax(_Op):
 
     @staticmethod
     def scratch_backward(ctx):
-        return ctx.x_nbytes + ctx.rows_nbytes  # g * out, then its row sums
+        # the row sums of g * out (an einsum: on a GPU CuPy's may make the products too)
+        return ctx.rows_nbytes + (ctx.x_nbytes if _walk.device != "cpu" else 0)
 
 
 class _LayerNorm(_Op):
@@ -742,6 +898,22 @@ class _GetItem(_Op):
         return (_Array(ctx.x_nbytes),)
 
 
+class _Split(_Op):
+    """ops.movement.Split: views of equal pieces; saves nothing; dx = the pieces' gradients
+    concatenated, new."""
+
+    name = "Split"
+
+    @staticmethod
+    def forward(ctx, x, pieces):
+        ctx.x_nbytes = x.nbytes
+        return tuple(_view(x, x.nbytes // pieces) for _ in range(pieces))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (_Array(ctx.x_nbytes),)
+
+
 class _CrossEntropy(_Op):
     """ops.nn.CrossEntropy: saves log-probabilities (N, V), clamped targets and the valid mask."""
 
@@ -759,9 +931,13 @@ class _CrossEntropy(_Op):
 
     @staticmethod
     def scratch_forward(ctx, arrays):
-        # exp(logp) (N, V); row maxima, sums, logs and the picked values; on a GPU the targets' copy
+        # exp of a block of rows of logp (ops/nn.py: all of them at once on a GPU), and its row sums;
+        # row maxima, log-sum-exps and the picked values; on a GPU the targets' copy
         n = ctx.n_rows
-        return ctx.logits_nbytes + 4 * n * ctx.f + (INT64 * n if _walk.device != "cpu" else 0)
+        classes = ctx.logits_nbytes // (n * ctx.f)
+        rows = min(n, max(1, BLOCK_ELEMENTS // max(classes, 1))) if _walk.device == "cpu" else n
+        exps = rows * classes * ctx.f + rows * ctx.f
+        return exps + 4 * n * ctx.f + (INT64 * n if _walk.device != "cpu" else 0)
 
     @staticmethod
     def scratch_backward(ctx):
@@ -769,37 +945,40 @@ class _CrossEntropy(_Op):
 
 
 class _Checkpoint(_Op):
-    """checkpoint.Checkpoint: saves the segment's inputs (and what its policy kept)."""
+    """checkpoint.Checkpoint: saves the segment's input (and what its policy kept)."""
 
     name = "Checkpoint"
 
     @staticmethod
-    def forward(ctx, *needs_grad, segment, inputs, outputs):
+    def forward(ctx, x, segment, outputs):
         ctx.segment = segment
-        ctx.save_for_backward(*inputs, *segment.stash_arrays())
-        ctx.n_inputs = len(inputs)
+        ctx.save_for_backward(x, *segment.stash_arrays())
         return outputs
 
     @staticmethod
     def backward(ctx, *grads):
         segment = ctx.segment
         saved = ctx.saved
-        inputs = [_Tensor(a, requires_grad=rg) for a, rg in zip(saved[: ctx.n_inputs], segment.input_grads)]
-        fresh = _Tape() if segment.stash is None else _ReplayTape(segment.stash, saved[ctx.n_inputs:])
-        _walk.tapes.append(fresh)
-        try:
-            outputs = segment.fn(*inputs)
-        finally:
-            _walk.tapes.pop()
-        pairs = [(_edge(o), g) for o, g in zip((outputs,), grads) if o.requires_grad]
-        outputs = None
+        inputs = [_Tensor(saved[0], requires_grad=segment.input_requires_grad)]  # the stand-in
+        fresh = _RecomputeTape(segment, inputs, saved[1:])
+        if segment.plan.stop >= 0:  # else nothing need run again: the segment is not called
+            _walk.tapes.append(fresh)
+            _walk.recomputing += 1
+            try:
+                segment.fn(*inputs)
+            except _Stop:
+                pass
+            finally:
+                _walk.tapes.pop()
+                _walk.recomputing -= 1
+        fresh.finish()
+        pairs = [(e, g) for e, g in zip(fresh.output_edges(), grads) if e != (None, None)]
         if pairs:
             fresh.backward([e for e, _ in pairs], [g for _, g in pairs])
+        pairs = None
         in_grads = []
         for t in inputs:
-            if not t.requires_grad:
-                continue
-            g = t.grad.data if t.grad is not None else None
+            g = t.grad.data if t.requires_grad and t.grad is not None else None
             if g is not None:
                 _walk.ledger.release(g, "gradients")
             in_grads.append(g)
@@ -807,12 +986,13 @@ class _Checkpoint(_Op):
 
 
 class _Segment:
-    """checkpoint._Segment, for one tensor input and one output."""
+    """checkpoint._Segment, for one tensor input and one output: its forward's notes and plan."""
 
     def __init__(self, fn, policy):
         self.fn = fn
         self.stash = _Stash(policy) if policy is not None else None
-        self.input_grads = ()
+        self.input_requires_grad = False
+        self.input = self.notes = self.out_origins = self.outer = self.plan = None
 
     def stash_arrays(self):
         return self.stash.hand_over() if self.stash is not None else ()
@@ -820,20 +1000,24 @@ class _Segment:
 
 def _checkpoint(fn, x, policy):
     """checkpoint.checkpoint(fn, x, policy=...) for a one-tensor segment."""
-    active = _walk.tapes[-1]
-    if active is None or isinstance(active, (_SegmentTape, _ReplayTape)):
-        return fn(x)  # inside a segment's first run: inline
+    if _walk.tapes[-1] is None:
+        return fn(x)
     segment = _Segment(fn, policy)
-    segment.input_grads = (x.requires_grad,)
-    _walk.tapes.append(_SegmentTape(segment.stash))
+    segment.input = x  # as checkpoint._Segment.inputs: held until the record goes
+    segment.input_requires_grad = x.requires_grad
+    watch = _SegmentTape(segment, x)
+    _walk.tapes.append(watch)
     try:
         out = fn(x)
     finally:
         _walk.tapes.pop()
-    out = _Tensor(out.data)  # detach: the same array, cut from the segment's (discarded) records
+    segment.notes, segment.outer = watch.notes, watch.outer
+    segment.out_origins = [(watch.origin(out.data), out.requires_grad)]
+    segment.plan = make_plan(segment.notes, segment.out_origins)  # recompute.py's plan, on the walk's notes
+    watch = None
     if not x.requires_grad:
-        return out
-    return _apply(_Checkpoint, x, segment=segment, inputs=[x.data], outputs=out.data)
+        return _Tensor(out.data)  # cut from the segment's (discarded) records
+    return _apply(_Checkpoint, x, segment=segment, outputs=out.data)
 
 
 def _run_segments(functions, segments, x, policy):
@@ -854,10 +1038,9 @@ def _run_segments(functions, segments, x, policy):
         pieces += [(start, stop, how)] if how else [(i, i + 1, False) for i in range(start, stop)]
     signatures = [_signature(functions, piece) for piece in pieces]
     active = _walk.tapes[-1]
-    # Inside a segment with a policy, what a unit keeps is freed by the segment's record, not by the
-    # unit's own backward: no copies there (the segments of the strategies in fit.py are one block).
-    stretch = _walk.stretch and not isinstance(active, _ReplayTape) and not (
-        isinstance(active, _SegmentTape) and active.stash is not None)
+    # Only on the outer tape: inside a segment every op is noted and planned (recompute.make_plan),
+    # and its recompute runs them by position, so each is walked.
+    stretch = _walk.stretch and not isinstance(active, (_SegmentTape, _RecomputeTape))
     for first, p, m in _runs(signatures):
         if m < 4 or not stretch:
             for piece in pieces[first:first + p * m]:
@@ -964,60 +1147,73 @@ class _Model:
             self.p["lm_head.weight"] = self.p["wte.weight"]
 
     # layers.py and functional.py --------------------------------------------------
+    # Each op of a block is given its FLOPs (ops/flops.py, on the shapes the real op sees), for the
+    # count of what the recompute runs (StepMemory.recomputed_flops).
     def linear(self, x, name, out_features):
         w, b = self.p[f"{name}.weight"], self.p.get(f"{name}.bias")
+        rows, k = (self.B, self.T), x.nbytes // (self.B * self.T * self.f)
         out = self.B * self.T * out_features * self.f
+        flops = op_flops("Linear", [(*rows, k), (out_features, k)] + ([(out_features,)] if b is not None else []),
+                         [(*rows, out_features)])
         if b is None:
-            return _apply(_Linear, x, w, out_nbytes=out)
-        return _apply(_Linear, x, w, b, out_nbytes=out)
+            return _apply(_Linear, x, w, out_nbytes=out, flops=flops)
+        return _apply(_Linear, x, w, b, out_nbytes=out, flops=flops)
 
     def layer_norm(self, x, name):
         w, b = self.p[f"{name}.weight"], self.p.get(f"{name}.bias")
         if b is None:  # F.layer_norm makes a zero bias each call
             b = _Tensor(_Array(self.C * self.f))
-        return _apply(_LayerNorm, x, w, b, rows_nbytes=self.B * self.T * self.f)
+        x_shape = (self.B, self.T, self.C)
+        return _apply(_LayerNorm, x, w, b, rows_nbytes=self.B * self.T * self.f,
+                      flops=op_flops("LayerNorm", [x_shape, (self.C,), (self.C,)], [x_shape]))
 
     def drop(self, x):
         if not self.dropout:  # F.dropout returns x itself when p == 0
             return x
         keep = _Array(BOOL * x.nbytes // self.f)  # drawn on the host; tracked only if saved
-        return _apply(_Dropout, x, keep=keep, p=None)
+        shape = (x.nbytes // self.f,)
+        return _apply(_Dropout, x, keep=keep, p=None, flops=op_flops("Dropout", [shape], [shape]))
 
     def lift(self):  # Tensor._lift of a Python number: a 0-d tensor of our dtype
         return _Tensor(_Array(self.f))
 
     # nn/transformer.py ---------------------------------------------------------------
     def attention(self, x, i):
-        B, T, C, nh, f = self.B, self.T, self.C, self.nh, self.f
+        B, T, C, nh, hs, f = self.B, self.T, self.C, self.nh, self.hs, self.f
         qkv = self.linear(x, f"blocks.{i}.attn.c_attn", 3 * C)  # (B, T, 3C)
-        third = B * T * C * f
-        q = _apply(_GetItem, qkv, out_nbytes=third)
-        k = _apply(_GetItem, qkv, out_nbytes=third)
-        v = _apply(_GetItem, qkv, out_nbytes=third)
+        q, k, v = _apply(_Split, qkv, pieces=3)  # three views (B, T, C)
         # .reshape(B, T, nh, hs).transpose(1, 2): views; backward reshapes (B, T, nh, hs) -> (B, T, C)
         q = _apply(_Permute, _apply(_Reshape, q, back_copies=self.heads_copy))
         k = _apply(_Permute, _apply(_Reshape, k))  # its gradient arrives transposed twice: a view
         v = _apply(_Permute, _apply(_Reshape, v, back_copies=self.heads_copy))
-        scores = B * nh * T * T * f
-        att = _apply(_Mul, _apply(_MatMul, q, _apply(_Permute, k), out_nbytes=scores), self.lift())
+        heads, scores = (B, nh, T, hs), (B, nh, T, T)
+        att = _apply(_MatMul, q, _apply(_Permute, k), out_nbytes=math.prod(scores) * f,
+                     flops=op_flops("MatMul", [heads, (B, nh, hs, T)], [scores]))
+        att = _apply(_Mul, att, self.lift(), flops=op_flops("Mul", [scores, ()], [scores]))
         future = _Array(BOOL * T * T)  # xp.triu(...): tracked only if saved
-        att = _apply(_Where, self.lift(), att, condition=future)
-        att = _apply(_Softmax, att, rows_nbytes=B * nh * T * f)
+        att = _apply(_Where, self.lift(), att, condition=future, flops=op_flops("Where", [(), scores], [scores]))
+        att = _apply(_Softmax, att, rows_nbytes=B * nh * T * f, flops=op_flops("Softmax", [scores], [scores]))
         att = self.drop(att)
-        y = _apply(_MatMul, att, v, out_nbytes=third)  # (B, nh, T, hs)
+        y = _apply(_MatMul, att, v, out_nbytes=math.prod(heads) * f, flops=op_flops("MatMul", [scores, heads], [heads]))
         y = _apply(_Reshape, _apply(_Permute, y), copies=self.heads_copy)  # (B, T, C)
         return self.drop(self.linear(y, f"blocks.{i}.attn.c_proj", C))
 
     def feed_forward(self, x, i):
         # one expression, as FeedForward.forward: each intermediate goes as soon as the next op is done
-        return self.drop(self.linear(_apply(_GELU, self.linear(x, f"blocks.{i}.mlp.c_fc", 4 * self.C)),
+        hidden = (self.B, self.T, 4 * self.C)
+        return self.drop(self.linear(_apply(_GELU, self.linear(x, f"blocks.{i}.mlp.c_fc", 4 * self.C),
+                                            flops=op_flops("GELU", [hidden], [hidden])),
                                      f"blocks.{i}.mlp.c_proj", self.C))
 
+    def residual(self, x, y):
+        shape = (self.B, self.T, self.C)
+        return _apply(_Add, x, y, out_nbytes=x.nbytes, flops=op_flops("Add", [shape, shape], [shape]))
+
     def attention_sublayer(self, x, i):
-        return _apply(_Add, x, self.attention(self.layer_norm(x, f"blocks.{i}.ln_1"), i), out_nbytes=x.nbytes)
+        return self.residual(x, self.attention(self.layer_norm(x, f"blocks.{i}.ln_1"), i))
 
     def feed_forward_sublayer(self, x, i):
-        return _apply(_Add, x, self.feed_forward(self.layer_norm(x, f"blocks.{i}.ln_2"), i), out_nbytes=x.nbytes)
+        return self.residual(x, self.feed_forward(self.layer_norm(x, f"blocks.{i}.ln_2"), i))
 
     def block(self, x, i):
         x = self.attention_sublayer(x, i)
@@ -1086,6 +1282,10 @@ class StepMemory:
     (arrays alive through the step that memory.py never sees: on the CPU the
     batch's labels). It is what an allocator must find room for, before its
     own overheads (rounding, caching, fragmentation, the CUDA context).
+
+    recomputed_flops: the forward FLOPs of the ops the step's checkpoint
+    recomputes run (ops/flops.py; what a recompute skips or replays from a
+    policy's stash is not run): what checkpointing adds to the step's work.
     """
 
     peak_bytes: int
@@ -1094,6 +1294,7 @@ class StepMemory:
     start: dict
     device_peak_bytes: int = 0
     constant_bytes: int = 0
+    recomputed_flops: int = 0
     points: list = field(default=None, repr=False)  # bytes by category at every check, if asked
     scratch_points: list = field(default=None, repr=False)  # bytes at every scratch moment, if asked
 
@@ -1132,6 +1333,7 @@ def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=Non
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     _walk.ledger, _walk.tapes, _walk.runs, _walk.stretch = _Ledger(record), [_Tape()], [], stretch
+    _walk.recomputing, _walk.copies, _walk.recomputed_flops = 0, 1, 0
     _walk.device, _walk.itemsize = device, itemsize
     try:
         return _train_step(config, batch_size, seq_len, itemsize, bounds, policy, split_blocks,
@@ -1198,7 +1400,7 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
         grads = rest = None  # zero_grad
     input_ids = None  # the batch goes when the next one is made (or train() returns)
     return StepMemory(ledger.peak_total, dict(ledger.peak), dict(ledger.highest), start, ledger.device_peak,
-                      ledger.constant, ledger.points, ledger.scratch_points)
+                      ledger.constant, _walk.recomputed_flops, ledger.points, ledger.scratch_points)
 
 
 class StepProfile:
@@ -1217,6 +1419,7 @@ class StepProfile:
         self._points = (2 * p1 - p2, p2 - p1)  # per check: bytes by category at batch 0, and per example
         self._scratch = (2 * s1 - s2, s2 - s1)
         self._constant = (2 * one.constant_bytes - two.constant_bytes, two.constant_bytes - one.constant_bytes)
+        self._flops = (2 * one.recomputed_flops - two.recomputed_flops, two.recomputed_flops - one.recomputed_flops)
         self.start = one.start
 
     def at(self, batch_size):
@@ -1229,7 +1432,8 @@ class StepProfile:
         device = max(int(totals[first]) + constant, int(scratch.max()) + constant if len(scratch) else 0)
         split = dict(zip(memory.CATEGORIES, map(int, points[first])))
         highest = dict(zip(memory.CATEGORIES, map(int, points.max(axis=0))))
-        return StepMemory(int(totals[first]), split, highest, dict(self.start), device, constant)
+        flops = self._flops[0] + self._flops[1] * batch_size
+        return StepMemory(int(totals[first]), split, highest, dict(self.start), device, constant, flops)
 
     def largest_batch(self, limit, device=True):
         """The largest micro-batch whose peak is at most `limit` bytes (0 if not even 1 fits).

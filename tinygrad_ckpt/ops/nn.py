@@ -141,7 +141,7 @@ class CrossEntropy(Function):
         # log(sum(exp)) per row, a block of rows at a time: the exponentials never take an
         # array the size of the logits (the end of the forward, here, is often the step's peak).
         lse = xp.empty((n, 1), dtype=logp.dtype)
-        rows = max(1, _ROWS_OF // max(classes, 1)) if device_of(logits) == "cpu" else max(n, 1)
+        rows = max(1, BLOCK_ELEMENTS // max(classes, 1)) if device_of(logits) == "cpu" else max(n, 1)
         for start in range(0, n, rows):
             lse[start:start + rows] = xp.exp(logp[start:start + rows]).sum(axis=1, keepdims=True)
         logp -= xp.log(lse, out=lse)  # in place: log-probabilities
@@ -168,7 +168,7 @@ class CrossEntropy(Function):
         return grad
 
 
-_ROWS_OF = 1 << 15  # elements per block of rows (128 KiB of float32): CrossEntropy's exponentials
+BLOCK_ELEMENTS = 1 << 15  # elements per block of rows (128 KiB of float32): CrossEntropy's exponentials
 
 
 class Dropout(Function):
