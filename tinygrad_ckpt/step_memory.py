@@ -66,6 +66,8 @@ strategies and the table a user reads (fit.py), the measuring (memory.py).
 
 import math
 import weakref
+from array import array
+from collections import namedtuple
 from dataclasses import dataclass, field
 
 import numpy
@@ -111,11 +113,12 @@ class _Ledger(memory.MemoryTracker):
     def __init__(self, record=False):
         super().__init__()
         self.highest = dict(self.current)
-        self.points = [] if record else None  # the bytes by category at every peak check
+        # the bytes at every peak check, one column per category (compact: a deep step has thousands)
+        self.points = [array("q") for _ in memory.CATEGORIES] if record else None
         self.regions = []  # open _Regions, innermost last
         self.copies = dict.fromkeys(memory.CATEGORIES, 0)  # bytes held by copies of walked units
         self.device_peak = 0  # the highest of the checks and of `scratch` moments, plus `constant`
-        self.scratch_points = [] if record else None  # every `scratch` moment's bytes (without `constant`)
+        self.scratch_points = array("q") if record else None  # every `scratch` moment's bytes (without `constant`)
         self.constant = 0  # bytes alive through the whole step that memory.py never sees
 
     def _update_peak(self):
@@ -128,11 +131,15 @@ class _Ledger(memory.MemoryTracker):
                 self.highest[c] = v
         for r in self.regions:
             r.checked(state)
-        if self.points is not None:
-            self.points.append(tuple(state[c] for c in memory.CATEGORIES))
+        self.point(state)
         total = sum(state.values()) + self.constant
         if total > self.device_peak:
             self.device_peak = total
+
+    def point(self, state):
+        if self.points is not None:
+            for column, c in zip(self.points, memory.CATEGORIES):
+                column.append(state[c])
 
     def scratch(self, extra):
         """A moment inside an op: the counted bytes and `extra` bytes it holds that memory.py does not see."""
@@ -158,9 +165,8 @@ class _Ledger(memory.MemoryTracker):
                 for r in self.regions:
                     r.checked(state)
                 if self.points is not None:  # every check of the unit, shifted by j copies
-                    shift = tuple(j * net[c] for c in memory.CATEGORIES)
-                    self.points.extend(tuple(v + d for v, d in zip(point, shift))
-                                       for point in self.points[region.first_point:region.last_point])
+                    for column, c in zip(self.points, memory.CATEGORIES):
+                        column.extend([v + j * net[c] for v in column[region.first_point:region.last_point]])
             for c in memory.CATEGORIES:
                 top = region.own[c] + max(0, times * net[c])
                 self.highest[c] = max(self.highest[c], top)
@@ -188,7 +194,7 @@ class _Region:
         self.ledger, self.start = ledger, dict(ledger.current)
         self.best, self.best_total, self.own = None, -1, dict(ledger.current)
         self.device_best = None
-        self.first_point = self.last_point = len(ledger.points) if ledger.points is not None else 0
+        self.first_point = self.last_point = len(ledger.points[0]) if ledger.points is not None else 0
         self.first_scratch = self.last_scratch = len(ledger.scratch_points) if ledger.scratch_points is not None else 0
         ledger.regions.append(self)
 
@@ -208,7 +214,7 @@ class _Region:
     def close(self):
         self.ledger.regions.remove(self)
         if self.ledger.points is not None:
-            self.last_point = len(self.ledger.points)
+            self.last_point = len(self.ledger.points[0])
             self.last_scratch = len(self.ledger.scratch_points)
 
 
@@ -451,7 +457,7 @@ class _Stash:
         kept_out = [self.keep(o) for o in outs]
         kept_saved = [None if a is None else _where(a, arrays, options, outs) or self.keep(a) for a in ctx.saved]
         facts = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
-        return kept_out, kept_saved, multiple, facts
+        return _Kept(kept_out, kept_saved, multiple, facts)
 
     def keep(self, a):
         for k, b in enumerate(self.arrays):
@@ -468,15 +474,17 @@ class _Stash:
         return tuple(arrays)
 
 
+_Kept = namedtuple("_Kept", "outputs saved multiple facts")  # policies._Kept: references into the stash
+
+
 def _replay(kept, ctx, input_array, options, stashed):
     """policies._Kept.replay: a kept op's outputs and saved arrays, from the stash; nothing runs."""
-    kept_out, kept_saved, multiple, facts = kept
-    outs = [stashed[r[1]] for r in kept_out]
-    ctx.__dict__.update(facts)
+    outs = [stashed[r[1]] for r in kept.outputs]
+    ctx.__dict__.update(kept.facts)
     ctx.save_for_backward(*(None if r is None else _resolve(r, input_array, options, outs, stashed)
-                            for r in kept_saved))
+                            for r in kept.saved))
     ctx.computed = False
-    return tuple(outs) if multiple else outs[0]
+    return tuple(outs) if kept.multiple else outs[0]
 
 
 def _where(a, arrays, options, outs):
@@ -568,16 +576,18 @@ class _RecomputeTape(_Tape):
         self.held = {}
 
     def value(self, origin):
+        """The array a value of this origin has in the recompute, for a record rebuilt after the stop."""
         if origin[0] == "op":
             j, k = origin[1], origin[2]
             if self.plan.actions[j] == KEEP:
-                return self.stashed[self.notes[j].kept[0][k][1]]
+                return self.stashed[self.notes[j].kept.outputs[k][1]]
             return self.held[(j, k)]
         if origin[0] == "input":
             return self.inputs[0].data
         return self.segment.outer[origin[1]].data
 
     def edge(self, origin):
+        """Where a gradient for a value of this origin goes, in the recompute."""
         if origin is None:
             return (None, None)
         if origin[0] == "op":
@@ -587,6 +597,7 @@ class _RecomputeTape(_Tape):
         return (None, self.segment.outer[origin[1]])
 
     def output_edges(self):
+        """The segment output's gradient edge; then the tape lets go of all but its records."""
         edges = [self.edge(origin) for origin, requires_grad in self.segment.out_origins if requires_grad]
         self.by_position = self.inputs = self.stashed = None
         return edges
@@ -1295,7 +1306,7 @@ class StepMemory:
     device_peak_bytes: int = 0
     constant_bytes: int = 0
     recomputed_flops: int = 0
-    points: list = field(default=None, repr=False)  # bytes by category at every check, if asked
+    points: list = field(default=None, repr=False)  # bytes at every check, one column per category, if asked
     scratch_points: list = field(default=None, repr=False)  # bytes at every scratch moment, if asked
 
 
@@ -1361,8 +1372,7 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
     ledger.highest = dict(ledger.current)
     ledger.device_peak = ledger.total() + ledger.constant
     start = dict(ledger.current)
-    if ledger.points is not None:
-        ledger.points.append(tuple(start[c] for c in memory.CATEGORIES))
+    ledger.point(start)
 
     # Trainer.compute_loss: logits = model(input_ids); cross_entropy(logits, labels, reduction="sum")
     input_ids = _Array(INT64 * B * T)  # the batch, made by collate on the host
@@ -1414,7 +1424,7 @@ class StepProfile:
     """
 
     def __init__(self, one, two):
-        p1, p2 = numpy.array(one.points, dtype=numpy.int64), numpy.array(two.points, dtype=numpy.int64)
+        p1, p2 = numpy.array(one.points, dtype=numpy.int64).T, numpy.array(two.points, dtype=numpy.int64).T
         s1, s2 = numpy.array(one.scratch_points, dtype=numpy.int64), numpy.array(two.scratch_points, dtype=numpy.int64)
         self._points = (2 * p1 - p2, p2 - p1)  # per check: bytes by category at batch 0, and per example
         self._scratch = (2 * s1 - s2, s2 - s1)
