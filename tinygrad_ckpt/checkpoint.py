@@ -384,10 +384,12 @@ class _Segment:
         """
         entries = [(t._version_counter, v, f"input {i} of checkpoint segment '{self.name}'", (a.dtype, a.shape))
                    for i, (t, v, a) in enumerate(zip(self.inputs, self.input_versions, arrays))]
+        # One text for all the parameters (a segment of a deep chain reads many; they live until backward).
+        parameter = f"a parameter read by checkpoint segment '{self.name}' (call backward before optimizer.step())"
+        computed = f"a tensor checkpoint segment '{self.name}' read from outside it"
         for t, v in zip(self.outer, self.outer_versions):
-            what = (f"a parameter read by checkpoint segment '{self.name}' (call backward before optimizer.step())"
-                    if t.is_leaf else f"a tensor checkpoint segment '{self.name}' read from outside it")
-            entries.append((t._version_counter, v, what, (t.dtype, t.shape)))
+            entries.append((t._version_counter, v, parameter if t.is_leaf else computed,
+                            tape.shared((t.dtype, t.shape))))
         return tuple(entries)
 
     def stand_ins(self, arrays):

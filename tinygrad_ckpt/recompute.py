@@ -78,11 +78,12 @@ class OpNote:
         self.op, self.name = op, op.__name__
         self.device = backend.device_of(outs[0]) if outs else None
         self.inputs = origins  # per input array: ("op", j, k), ("input", s), ("outer", c) or None (a constant)
-        self.input_meta = [(tuple(a.shape), a.dtype) for a in arrays]
-        self.saved = [None if a is None else _where(a, arrays, options, outs) for a in ctx.saved_arrays]
-        self.saved_meta = [None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays]
-        self.shapes = [tuple(o.shape) for o in outs]
-        self.dtypes = [o.dtype for o in outs]
+        # Shared tuples (tape.shared): the notes of a chain of like layers hold one copy of each.
+        self.input_meta = tape.shared(tuple((tuple(a.shape), a.dtype) for a in arrays))
+        self.saved = tape.shared(tuple(None if a is None else _where(a, arrays, options, outs) for a in ctx.saved_arrays))
+        self.saved_meta = tape.shared(tuple(None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays))
+        self.shapes = tape.shared(tuple(tuple(o.shape) for o in outs))
+        self.dtypes = tape.shared(tuple(o.dtype for o in outs))
         self.multiple = isinstance(out, tuple)
         self.needs_input_grad = tuple(ctx.needs_input_grad)
         self.node = None  # its record (ctx and hooks), if it made one
@@ -475,14 +476,14 @@ class RecomputeTape(tape.Tape):
         return outs if note.multiple else outs[0]
 
     def _check_inputs(self, note, arrays):
-        got = [(tuple(a.shape), a.dtype) for a in arrays]
+        got = tuple((tuple(a.shape), a.dtype) for a in arrays)
         if got != note.input_meta:
             self.segment.mismatch(
                 f"ran {note.name} (op #{self.position - 1}) on inputs of {_describe(got)}, where its forward "
                 f"ran it on {_describe(note.input_meta)}", self.ran)
 
     def _check_saved(self, note, ctx):
-        got = [None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays]
+        got = tuple(None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays)
         if got != note.saved_meta:
             self.segment.mismatch(
                 f"ran {note.name} (op #{self.position - 1}), which saved {_describe(got)} for backward, where its "

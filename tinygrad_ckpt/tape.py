@@ -91,11 +91,11 @@ class Node:
         self.ctx = ctx
         self.edges = tuple(_edge(t) for t in inputs)  # strong: the graph backward walks
         self._inputs = tuple(weakref.ref(t) for t in inputs)
-        self.input_shapes = tuple(t.shape for t in inputs)
+        self.input_shapes = shared(tuple(t.shape for t in inputs))
         # Weak: the outputs own this record, not the other way round.
         self.outputs = tuple(weakref.ref(t) for t in outputs)
-        self.shapes = tuple(t.shape for t in outputs)
-        self.dtypes = tuple(t.dtype for t in outputs)
+        self.shapes = shared(tuple(t.shape for t in outputs))
+        self.dtypes = shared(tuple(t.dtype for t in outputs))
         for t in outputs:
             t._node = self
             t._recorded_version = t._version_counter.value  # what this record computed
@@ -557,6 +557,23 @@ def _call_hooks(hooks, g, what):
                 "only (return None to keep them)")
         g = new
     return g
+
+
+# -- shared metadata -----------------------------------------------------------
+# Every record keeps the shapes and dtypes of its inputs and outputs, and a
+# checkpoint's notes keep more (recompute.py). Along a chain of like layers
+# these are the same few tuples again and again, and they live from forward
+# to backward: one copy of each keeps the tape's Python objects small beside
+# its arrays (what tracemalloc counts of a step, and PyTorch's C++ graph
+# does not spend).
+_SHARED = {}
+
+
+def shared(value):
+    """The one copy of this tuple of metadata (shapes, dtypes) that records and notes hold."""
+    if len(_SHARED) > 4096:  # a long-lived process that meets ever new shapes: start over
+        _SHARED.clear()
+    return _SHARED.setdefault(value, value)
 
 
 # -- placeholders: what a recompute hands on for an op it does not run --------------
