@@ -227,9 +227,11 @@ def test_the_device_bound_holds_every_buffer_the_step_makes(checkpointing):
 
 # -- 3. FLOPs -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["none", "every", "halves", "sqrt", "selective"])
-def test_the_time_column_is_the_measured_recompute_over_three_forwards(strategy):
-    """fit's recompute ratio from analytic FLOPs, against the FLOPs of the ops a real step ran."""
-    config = GPTConfig(block_size=6, vocab_size=13, n_layer=4, n_head=2, n_embd=8)
+@pytest.mark.parametrize("dropout, bias", [(0.0, False), (0.1, True)])
+def test_the_time_column_is_the_measured_recompute_over_three_forwards(strategy, dropout, bias):
+    """fit's recompute ratio, counted by the walk op by op, against the FLOPs of the ops a real step's recompute
+    ran (a dropout or a bias changes which ops the recompute must run: recompute.make_plan)."""
+    config = GPTConfig(block_size=6, vocab_size=13, n_layer=4, n_head=2, n_embd=8, dropout=dropout, bias=bias)
     plan = fit.plan_training(config, effective_batch_size=3, device_memory="1GiB", device="cpu")
     row = plan.row(strategy)
     trainer = trainer_for(config, row.micro_batch, 6, checkpointing=row.checkpointing)
