@@ -175,7 +175,7 @@ class _Kept:
         self.attrs = {k: v for k, v in vars(ctx).items()
                       if k not in ("op", "needs_input_grad", "saved_arrays", "saved_versions", "counted", "computed")}
         self.outputs = [stash.keep(o, offload) for o in outs]
-        self.saved = [None if a is None else _where(a, arrays, options, outs) or stash.keep(a, offload)
+        self.saved = [None if a is None else where_in_call(a, arrays, options, outs) or stash.keep(a, offload)
                       for a in ctx.saved_arrays or ()]
 
     def output(self, k, stashed):
@@ -201,8 +201,10 @@ class _Kept:
         return tuple(outs) if self.multiple else outs[0]
 
 
-def _where(a, arrays, options, outs):
-    """('input', i), ('option', key) or ('output', j) if `a` is one of those; else None."""
+def where_in_call(a, arrays, options, outs):
+    """Where array `a`, which an op saved, is in the op's call: ('input', i), ('option', key) or
+    ('output', j) if it is one of those; else None (the op made it). The stash and recompute.py's
+    notes keep this reference instead of the array, where the call has it anyway."""
     for i, b in enumerate(arrays):
         if a is b:
             return ("input", i)

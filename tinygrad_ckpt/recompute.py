@@ -53,7 +53,7 @@ import weakref
 
 from . import backend, function, memory, tape
 from .ops.flops import op_flops
-from .policies import RECOMPUTE, decide
+from .policies import RECOMPUTE, decide, where_in_call
 
 RUN, KEEP, REBUILD, SKIP = "run", "keep", "rebuild", "skip"
 
@@ -80,7 +80,8 @@ class OpNote:
         self.inputs = origins  # per input array: ("op", j, k), ("input", s), ("outer", c) or None (a constant)
         # Shared tuples (tape.shared): the notes of a chain of like layers hold one copy of each.
         self.input_meta = tape.shared(tuple((tuple(a.shape), a.dtype) for a in arrays))
-        self.saved = tape.shared(tuple(None if a is None else _where(a, arrays, options, outs) for a in ctx.saved_arrays))
+        self.saved = tape.shared(tuple(None if a is None else where_in_call(a, arrays, options, outs) or ("new",)
+                                       for a in ctx.saved_arrays))
         self.saved_meta = tape.shared(tuple(None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays))
         self.shapes = tape.shared(tuple(tuple(o.shape) for o in outs))
         self.dtypes = tape.shared(tuple(o.dtype for o in outs))
@@ -93,20 +94,6 @@ class OpNote:
     def nested(self):
         """A checkpoint inside the segment: always run again, never rebuilt (its segment is the forward's)."""
         return getattr(self.op, "is_checkpoint", False)
-
-
-def _where(a, arrays, options, outs):
-    """Where a saved array comes from: ("input", i), ("option", key), ("output", k), or ("new",)."""
-    for i, b in enumerate(arrays):
-        if a is b:
-            return ("input", i)
-    for key, b in options.items():
-        if a is b:
-            return ("option", key)
-    for k, b in enumerate(outs):
-        if a is b:
-            return ("output", k)
-    return ("new",)
 
 
 class SegmentTape(tape.Tape):

@@ -388,7 +388,7 @@ class _Note:
 
     def __init__(self, op, ctx, arrays, options, outs, multiple, origins, kept):
         self.op, self.name, self.inputs, self.kept = op, op.name, origins, kept
-        self.saved = [None if a is None else _where(a, arrays, options, outs) or ("new",) for a in ctx.saved]
+        self.saved = [None if a is None else policies.where_in_call(a, arrays, options, outs) or ("new",) for a in ctx.saved]
         self.needs_input_grad = tuple(ctx.needs_input_grad)
         self.node = None  # True once the op made a record (make_plan asks whether it did)
         self.facts = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
@@ -455,7 +455,7 @@ class _Stash:
     def keep_op(self, ctx, arrays, options, outs, multiple):
         """policies._Kept: references to what the op made and saved (an input is noted, not kept)."""
         kept_out = [self.keep(o) for o in outs]
-        kept_saved = [None if a is None else _where(a, arrays, options, outs) or self.keep(a) for a in ctx.saved]
+        kept_saved = [None if a is None else policies.where_in_call(a, arrays, options, outs) or self.keep(a) for a in ctx.saved]
         facts = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
         return _Kept(kept_out, kept_saved, multiple, facts)
 
@@ -485,19 +485,6 @@ def _replay(kept, ctx, input_array, options, stashed):
                             for r in kept.saved))
     ctx.computed = False
     return tuple(outs) if kept.multiple else outs[0]
-
-
-def _where(a, arrays, options, outs):
-    for i, b in enumerate(arrays):
-        if a is b:
-            return ("input", i)
-    for k, b in options.items():
-        if a is b:
-            return ("option", k)
-    for j, b in enumerate(outs):
-        if a is b:
-            return ("output", j)
-    return None
 
 
 def _resolve(ref, input_array, options, outs, stashed):
