@@ -253,6 +253,10 @@ def training_header(trainer):
         f"started; each of the {world} processes holds as much (its own model, gradients, optimizer state, "
         "buffers and activations)",
     ]
+    lines.append("allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator)"
+                 if args.keep_freed_memory else
+                 "allocator: the C library's default: what a step frees may go back to the system, to be faulted "
+                 "in again by the next step (--keep-freed-memory keeps it)")
     if args.logging_steps:
         every = "every optimizer step" if args.logging_steps == 1 else f"every {args.logging_steps} optimizer steps"
         lines.append(f"logging: {every}{' and after the first' if args.logging_first_step and args.logging_steps > 1 else ''}; "

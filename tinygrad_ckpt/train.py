@@ -63,7 +63,7 @@ from pathlib import Path
 
 import numpy
 
-from . import autograd, backend, memory, nn, policies, random, serialization
+from . import allocator, autograd, backend, memory, nn, policies, random, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
 from .checkpoint import check_options
@@ -143,6 +143,10 @@ class TrainingArguments:
         False, "run the training steps in anomaly mode (tinygrad_ckpt.autograd.detect_anomaly): the first op "
                "whose output or gradient is NaN or infinite stops the run, naming the op and the line that "
                "made it. Slow: for debugging")
+    keep_freed_memory: bool = _field(
+        False, "ask glibc's malloc to keep the memory a step frees for the next step, instead of handing it "
+               "back to the system and faulting it in again (tinygrad_ckpt.allocator): faster steps, and the "
+               "process keeps its peak size. A setting of the whole process")
 
     def __post_init__(self):
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
@@ -159,7 +163,8 @@ class TrainingArguments:
             self._check_number(name, "a finite number >= 0", lambda v: v >= 0)
         for name in ("adam_beta1", "adam_beta2"):
             self._check_number(name, "a number in [0, 1)", lambda v: 0 <= v < 1)
-        for name in ("gradient_checkpointing", "logging_first_step", "disable_tqdm", "detect_anomaly"):
+        for name in ("gradient_checkpointing", "logging_first_step", "disable_tqdm", "detect_anomaly",
+                     "keep_freed_memory"):
             if not isinstance(getattr(self, name), (bool, numpy.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for f in fields(self):
@@ -457,6 +462,10 @@ class Trainer:
         if self.distributed is not None:
             self._check_ranks_start_together()
         state = self.state
+        if args.keep_freed_memory:
+            applied, why = allocator.keep_freed_memory()
+            if not applied and self.is_main_process:
+                print(f"keep_freed_memory: not applied: {why}", file=sys.stderr)
         progress = _Progress(self.total_steps, enabled=not args.disable_tqdm and self.is_main_process)
         memory.reset_peak()
         self.model.train()

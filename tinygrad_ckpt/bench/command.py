@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import asdict, replace
 
-from .. import backend, random
+from .. import allocator, backend, random
 from . import compare, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
@@ -60,6 +60,10 @@ def add_arguments(parser):
     parser.add_argument("--profile", action="store_true",
                         help="instead: the time of each op kind in a step of this engine, forward and backward, "
                              "against its floor; writes profile.md and profile.json; see tinygrad_ckpt/bench/profile.py")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="first ask glibc's malloc to keep what a step frees for the next step (the whole "
+                             "process, every library in it; tinygrad_ckpt/allocator.py), instead of handing it back "
+                             "to the system and faulting it in again")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="with --compare or --profile: cuda runs this engine (CuPy), PyTorch (if built with CUDA) "
                              "and the floor (cuBLAS) on the GPU")
@@ -82,6 +86,7 @@ def run(args):
             backend.module_for(args.device)
         except RuntimeError as e:  # no CuPy or no GPU: say so in one line
             raise ValueError(f"--device {args.device}: {e}") from None
+    args.allocator = allocator_setting(args.keep_freed_memory)
     if args.compare:
         return run_compare(args, workloads.SETS[name])
     if args.profile:
@@ -109,6 +114,7 @@ def run(args):
         results = strategies.collect(config, progress)
     elapsed = time.perf_counter() - start
     results.update({"set": name, "elapsed_seconds": elapsed, "machine": machine.describe(), "threads": threads,
+                    "allocator": args.allocator,
                     "config": asdict(config), "load_average": {"start": load, "end": machine.load_average()}})
     text = strategies.render(results)
     print()
@@ -132,6 +138,16 @@ def run(args):
     return 0
 
 
+def allocator_setting(keep):
+    """--keep-freed-memory: apply it (allocator.py) and say so; the line goes into the run's notes."""
+    if not keep:
+        return "allocator: the C library's default (what a step frees may go back to the system; --keep-freed-memory)"
+    applied, why = allocator.keep_freed_memory()
+    line = f"allocator: {why}" if applied else f"allocator: --keep-freed-memory not applied: {why}"
+    print(line, flush=True)
+    return line
+
+
 def write_page(results, tables, output_dir):
     """report.html, the memory explorer (explorer.py, Plotly: the optional `report` extra); the paths written."""
     try:
@@ -151,6 +167,7 @@ def run_compare(args, sizes):
     start = time.perf_counter()
     rows, notes = compare.compare(sizes.compare, repeats=repeats, threads=args.threads, device=args.device,
                                   progress=lambda what: print(what, flush=True))
+    notes.append(args.allocator)
     notes.append(f"the comparison took {time.perf_counter() - start:.0f} s")
     text = compare.report(rows, notes)
     print(text)
@@ -166,6 +183,7 @@ def run_profile(args, sizes):
     start = time.perf_counter()
     results, notes = profile.profile(sizes.compare, repeats=repeats, threads=args.threads, device=args.device,
                                      progress=lambda what: print(what, flush=True))
+    notes.append(args.allocator)
     notes.append(f"the profile took {time.perf_counter() - start:.0f} s")
     text = profile.report(results, notes)
     print(text)

@@ -513,7 +513,8 @@ def render(results):
     load = results.get("load_average", {}).get("start")
     out = [f"## tinygrad-ckpt bench ({results['set']} set)", "",
            f"machine: {results['machine']['description']}; BLAS threads: {results['threads']['summary']}"
-           + (f"; load average at start {load:.1f}" if load is not None else ""), "",
+           + (f"; load average at start {load:.1f}" if load is not None else "")
+           + (f"; {results['allocator']}" if "allocator" in results else ""), "",
            "MiB = 2^20 bytes. Category columns: live bytes at the moment of the step's peak. "
            "act peak: the highest saved-activation bytes over the step; predicted: activations.py. "
            "step ×, fwd+bwd ×, cpu ×: median wall time of the step, of its forward + backward, and the step's "
