@@ -14,6 +14,7 @@ See tinygrad_ckpt/bench/compare.py for how each figure is measured.
     python benchmarks/compare.py                # all installed peers (a missing one is reported)
     python benchmarks/compare.py --quick        # W1 N=16, W2 L=2 (workloads.QUICK.compare)
     python benchmarks/compare.py --workloads W2 --strategies none
+    python benchmarks/compare.py --keep-freed-memory   # glibc keeps freed memory (tinygrad_ckpt/allocator.py)
 
 Timings need a quiet machine: the run prints the load average, warns when it
 rose above half the CPUs, and on a busy one BLAS's and PyTorch's waiting
@@ -31,6 +32,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 from tinygrad_ckpt.bench import compare, workloads  # noqa: E402
+from tinygrad_ckpt.bench.command import allocator_setting  # noqa: E402
 
 # -- configuration: the comparison's sizes, tinygrad_ckpt/bench/workloads.py ----------------
 SIZES, QUICK_SIZES = workloads.FULL.compare, workloads.QUICK.compare
@@ -47,13 +49,17 @@ def main(argv=None):
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--no-check", action="store_true", help="skip the float64 agreement check")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="first ask glibc's malloc to keep what a step frees (the whole process, every library)")
     args = parser.parse_args(argv)
+    setting = allocator_setting(args.keep_freed_memory)
     chosen = args.workloads.split(",")
     sizes = [s for s in (QUICK_SIZES if args.quick else SIZES) if workloads.name(s) in chosen]
     start = time.perf_counter()
     rows, notes = compare.compare(sizes, args.libraries.split(","), tuple(args.strategies.split(",")),
                                   repeats=args.repeats, threads=THREADS, check=not args.no_check,
                                   progress=lambda what: print(what, flush=True))
+    notes.append(setting)
     notes.append(f"the comparison took {time.perf_counter() - start:.0f} s")
     print(compare.report(rows, notes))
 

@@ -86,3 +86,20 @@ def test_the_train_command_applies_it_and_says_so(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "allocator: freed memory is kept for the next step" in result.stdout
     assert "calls 1 code 0" in result.stdout
+
+
+@glibc
+def test_bench_applies_it_and_its_notes_say_so(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "tinygrad_ckpt", "bench", "--profile", "--tiny", "--repeats", "1",
+                             "--keep-freed-memory", "--output-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    notes = (tmp_path / "profile.md").read_text()
+    assert "- allocator: glibc keeps freed memory: blocks under 32 MiB come from the heap" in notes
+
+
+def test_without_the_flag_the_bench_notes_name_the_default(tmp_path):
+    from tinygrad_ckpt import cli
+
+    assert cli.main(["bench", "--profile", "--tiny", "--repeats", "1", "--output-dir", str(tmp_path)]) == 0
+    assert "- allocator: the C library's default" in (tmp_path / "profile.md").read_text()
