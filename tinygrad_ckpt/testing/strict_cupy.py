@@ -499,6 +499,11 @@ def clip(a, a_min, a_max):
     return _call(numpy.clip, a, a_min, a_max)
 
 
+def copyto(dst, src, casting="same_kind", where=True):
+    """cupy.copyto: src into dst in place, broadcast, only where `where` is True."""
+    numpy.copyto(_operand(dst), _operand(src), casting=casting, where=_operand(where))
+
+
 def where(condition, a, b):
     return _call(numpy.where, condition, a, b)
 
