@@ -261,3 +261,14 @@ def test_ours_checkpoints_every_segment_including_the_last():
     x = Tensor(numpy.random.default_rng(1).standard_normal((2, 3)), requires_grad=True)
     F.mse_loss(checkpoint_sequential(layers, 2, x), Tensor(numpy.zeros((2, 3)))).backward()
     assert [layer.calls for layer in layers] == [2, 2, 2, 2]
+
+
+# -- the caching allocator, as allocator.py and the README quote it ------------------------
+def test_torch_describes_reserved_memory_and_empty_cache_as_quoted(torch):
+    """The two phrases the README and allocator.py quote from torch/cuda/memory.py (no GPU needed: docstrings)."""
+    def words(text):
+        return " ".join(text.replace("`", "").split())
+
+    assert "the current GPU memory managed by the caching allocator" in words(torch.cuda.memory_reserved.__doc__)
+    assert "all unoccupied cached memory currently held by the caching allocator" in words(
+        torch.cuda.empty_cache.__doc__)

@@ -15,15 +15,17 @@ not keep all of what is freed. As mallopt(3) describes it:
 So at the end of a backward, when the step's activations and gradients are
 freed, the top of the heap goes back, and the next forward writes to pages
 the kernel must find and zero again: one minor page fault per 4 KiB. On the
-GPT workload (W2) that was about 20,000 faults a step, 10 to 15 % of its time
-(`tinygrad-ckpt bench --profile` prints the count).
+GPT workload (W2), alone in a fresh process, that was about 20,000 faults
+a step and 7 to 24 % of its time; on `tinygrad-ckpt train`'s default run,
+27 % (the README's "The allocator"; `tinygrad-ckpt bench --profile` prints
+the count).
 
 `keep_freed_memory()` sets both thresholds once (mallopt), so the heap keeps
 what a step frees and the next step reuses it. That is the idea of PyTorch's
 CUDA caching allocator, here asked of the C allocator: in PyTorch 2.13.0,
 torch.cuda.memory_reserved() is "the current GPU memory managed by the caching
-allocator", freed tensors' memory included, and empty_cache() gives it back
-(torch/cuda/memory.py). It is a setting of the whole process, not of this
+allocator", and empty_cache() releases "all unoccupied cached memory currently
+held by the caching allocator" (torch/cuda/memory.py). It is a setting of the whole process, not of this
 package, which is why the package never calls it on import: the Trainer calls
 it when TrainingArguments.keep_freed_memory is set, and `tinygrad-ckpt bench`
 when given --keep-freed-memory. The arrays the engine counts (memory.py) are
