@@ -253,7 +253,8 @@ def training_header(trainer):
         f"started; each of the {world} processes holds as much (its own model, gradients, optimizer state, "
         "buffers and activations)",
     ]
-    lines.append("allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator)"
+    lines.append("allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator); "
+                 "'mem' and 'peak' count the arrays, not the freed memory malloc keeps"
                  if args.keep_freed_memory else
                  "allocator: the C library's default: what a step frees may go back to the system, to be faulted "
                  "in again by the next step (--keep-freed-memory keeps it)")
