@@ -78,9 +78,9 @@ def _glibc():
         return None
     try:
         libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version  # glibc only
-        libc.mallopt  # noqa: B018 (both attribute lookups raise AttributeError where missing)
-    except (OSError, AttributeError):
+    except OSError:
+        return None
+    if not (hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt")):  # the first is glibc's only
         return None
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     libc.mallopt.restype = ctypes.c_int

@@ -164,15 +164,14 @@ class Where(Function):
         (condition,) = ctx.saved_arrays
         sa, sb = ctx.shapes
         need_a, need_b = ctx.needs_input_grad
-        xp, shape = array_module(g), numpy.broadcast_shapes(g.shape, condition.shape)
+        xp = array_module(g)  # g has the output's shape: a, b and condition broadcast together
         da = db = None
         if need_a:  # g where condition, 0 elsewhere
-            da = xp.zeros(shape, dtype=g.dtype)
+            da = xp.zeros_like(g)
             xp.copyto(da, g, where=condition)
             da = unbroadcast(da, sa)
         if need_b:  # 0 where condition, g elsewhere
-            db = xp.empty(shape, dtype=g.dtype)
-            db[...] = g
+            db = g.copy()
             xp.copyto(db, g.dtype.type(0), where=condition)
             db = unbroadcast(db, sb)
         return da, db
