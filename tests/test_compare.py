@@ -139,6 +139,21 @@ def test_targets_read_the_ratios_of_the_same_rounds():
     assert "| none | tinygrad_ckpt | 100.0 | 1.00 | 1.11 | 10.0 |" in text  # x floor and GFLOP/s
 
 
+def test_the_peak_target_compares_our_arrays_with_torch_tensors():
+    # tracemalloc's whole peak also counts our Python objects, PyTorch's profiler only its tensors:
+    # the target reads our arrays alone, and the whole peak stays a line of its own.
+    size = workloads.TINY.w1
+    mib = compare.MIB
+    ours = dict(workload="W1", label="W1, N=4", size=size, strategy="sqrt", library="tinygrad_ckpt", version="",
+                step=0.1, saved=6 * mib, peak=16.2 * mib, array_peak=16.0 * mib, engine_peak=11 * mib, note="")
+    torch = dict(ours, library="torch", saved=7 * mib, peak=16.1 * mib, array_peak=None, engine_peak=None)
+    found = {what: (value, met) for what, value, met in compare.targets([ours, torch])}
+    assert found["W1, N=4 sqrt: peak of arrays alone (PyTorch: of tensors) ours <= torch"] == ("16.00 vs 16.10 MiB", True)
+    assert found["W1, N=4 sqrt: peak with our Python objects ours <= torch"] == ("16.20 vs 16.10 MiB", False)
+    assert found["W1, N=4 sqrt: saved ours <= torch"][1]
+    assert "arrays alone 16.00 MiB" in compare.table([ours, torch])
+
+
 def test_with_dropout_the_gpt_must_be_five_percent_ahead_of_torch():
     """W2 at dropout 0.1 aims at 0.95 of PyTorch's step, at dropout 0 at 1.0 (the issue's targets)."""
     rows = [dict(workload="W2", label=f"W2, dropout {p}", size=replace(workloads.TINY.w2, dropout=p), strategy="none",

@@ -46,8 +46,10 @@ timed. Then, per row, in float32 with dropout as the workload defines it:
              place); autograd and mygrad allocate theirs anew each step, so the
              gradients' bytes are subtracted from their peak (marked ~).
              tracemalloc also counts Python objects (our tape's records and
-             tensors: about 0.1 MiB on W1), which PyTorch's figure, its graph
-             being C++, does not.
+             tensors, a checkpoint's notes), which PyTorch's figure, its graph
+             being C++, does not: so our note column also gives the peak of
+             our arrays alone (array_peak.py), the figure that compares with
+             PyTorch's, and the targets compare that one.
 
 "x ours" is the peer's figure over ours: above 1, ours does better.
 `targets` reads the ratios the project aims at off the rows.
@@ -70,6 +72,7 @@ import numpy
 
 from .. import backend, memory
 from ..schedules import segment_bounds
+from .array_peak import array_peak
 from .floor import Floor, gemm_throughput
 from .machine import busy, describe, limited_threads, load_average
 from .report import MIB, markdown_table
@@ -587,9 +590,10 @@ def time_steps(runs, repeats, loads=None):
 
 # -- memory ---------------------------------------------------------------------------------
 def memory_ours(run):
-    """(saved bytes at the end of forward, tracemalloc peak, memory.py peak), gradients kept.
+    """(saved bytes at the end of forward, tracemalloc peak, memory.py peak, peak of arrays alone), gradients kept.
 
-    On a GPU the peak is memory.py's (tracemalloc sees host memory only).
+    On a GPU the peak is memory.py's (tracemalloc sees host memory only),
+    and there is no peak of arrays alone (None).
     """
     _keep_grads(run)
     gc.collect()
@@ -603,7 +607,11 @@ def memory_ours(run):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     engine_peak = memory.peak()[0] - base
-    return saved, (peak if run.device == "cpu" else engine_peak), engine_peak
+    if run.device != "cpu":
+        return saved, engine_peak, engine_peak, None
+    _keep_grads(run)
+    gc.collect()
+    return saved, peak, engine_peak, array_peak(lambda: _step(run))
 
 
 def memory_torch(run):
@@ -732,8 +740,10 @@ def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=
         notes.append(f"WARNING: the load average rose to {max(known):.1f} during the run: other work took more than "
                      f"half the {os.cpu_count()} CPUs besides this run's {threads} thread(s), so timings are unreliable "
                      "(waiting BLAS and OpenMP threads slow every library, unevenly); run again on a quiet machine")
-    notes.append("peak MiB: tracemalloc (NumPy libraries; includes Python objects, ~0.1 MiB of tape records), "
-                 "PyTorch's profiler allocation timeline (tensor storage only); ~ = less the gradients' bytes"
+    notes.append("peak MiB: tracemalloc (NumPy libraries; includes Python objects: our tape's records, a "
+                 "checkpoint's notes), PyTorch's profiler allocation timeline (tensor storage only); ~ = less the "
+                 "gradients' bytes; 'arrays alone': our peak of NumPy array bytes, measured op by op "
+                 "(bench/array_peak.py), like for like with PyTorch's"
                  if device == "cpu" else
                  "peak MiB on the GPU: memory.py (this engine), torch.cuda.max_memory_allocated (PyTorch)")
     notes.append("floor: the step's matrix products alone (forward and backward, the same shapes and dtype, "
@@ -803,7 +813,7 @@ def _compare_workload(size, installed, versions, strategies, repeats, check, pro
         for run, row in active:
             row["step"] = times[run.name]
             if run.name == Ours.name:
-                row["saved"], row["peak"], row["engine_peak"] = memory_ours(run)
+                row["saved"], row["peak"], row["engine_peak"], row["array_peak"] = memory_ours(run)
             elif run.name == "torch":
                 row["saved"], row["peak"] = memory_torch(run)
             else:
@@ -854,6 +864,8 @@ def table(rows, notes=(), title=None):
                     x_floor = value / floor["step"] if floor and floor.get("step") else float("nan")
                     cells += [f"{x_floor:.2f}", f"{r['flops'] / value / 1e9:.1f}" if r.get("flops") else "-"]
             note = r["note"]
+            if r["library"] == Ours.name and r.get("array_peak") is not None:
+                note = f"arrays alone {r['array_peak'] / MIB:.2f} MiB" + (f"; {note}" if note else "")
             if r["library"] == Ours.name and r.get("engine_peak") is not None:
                 note = f"memory.py peak {r['engine_peak'] / MIB:.1f} MiB" + (f"; {note}" if note else "")
             cells_of_rows.append(cells + [note])
@@ -885,7 +897,8 @@ def targets(rows):
     below PyTorch's without checkpointing (W1 at every depth, W2 at dropout
     0), at most 0.95 of it with dropout (W2 at 0.1) and with checkpointing;
     within 1.15x (W1) and 1.25x (W2) of the floor without checkpointing; no
-    more saved or peak memory in any row. Against HIPS autograd and mygrad: faster.
+    more saved or peak memory in any row (the peak like for like: see
+    _memory_targets). Against HIPS autograd and mygrad: faster.
     """
     found = []
     dropout = {r.get("label", r["workload"]): getattr(r["size"], "dropout", 0.0) for r in rows}
@@ -905,16 +918,33 @@ def targets(rows):
 
         for strategy in dict.fromkeys(r["strategy"] for r in group):
             ours, torch = get(strategy, Ours.name), get(strategy, "torch")
-            for k in ("saved", "peak"):
-                if ours and torch and ours.get(k) and torch.get(k):
-                    found.append((f"{key} {strategy}: {k} ours <= torch",
-                                  f"{ours[k] / MIB:.2f} vs {torch[k] / MIB:.2f} MiB", ours[k] <= torch[k]))
+            if ours and torch:
+                found += _memory_targets(f"{key} {strategy}", ours, torch)
         for peer in ("autograd", "mygrad"):
             ours, other = get("none", Ours.name), get("none", peer)
             if ours and other and ours["step"] and other["step"]:
                 found.append((f"{key} faster than {peer}", f"{ours['step'] / other['step']:.2f}",
                               ours["step"] < other["step"]))
     return found
+
+
+def _memory_targets(row_name, ours, torch):
+    """Saved and peak bytes, ours <= PyTorch's: [(what, value, met)].
+
+    The peak like for like: our arrays alone (array_peak.py) against
+    PyTorch's tensors. tracemalloc's whole peak, which also counts our
+    Python objects (PyTorch's graph is C++, outside its count), is a line of
+    its own. On a GPU both peaks count device memory only (memory.py,
+    torch.cuda), so there is one line.
+    """
+    pairs = [("saved", ours.get("saved"), torch.get("saved"))]
+    if ours.get("array_peak") is None:
+        pairs.append(("peak", ours.get("peak"), torch.get("peak")))
+    else:
+        pairs += [("peak of arrays alone (PyTorch: of tensors)", ours["array_peak"], torch.get("peak")),
+                  ("peak with our Python objects", ours.get("peak"), torch.get("peak"))]
+    return [(f"{row_name}: {what} ours <= torch", f"{a / MIB:.2f} vs {b / MIB:.2f} MiB", a <= b)
+            for what, a, b in pairs if a and b]
 
 
 def report(rows, notes):

@@ -13,7 +13,7 @@ products timed in the same rounds, after one warm-up step.
 
 How ops are timed: while `op_times()` is active, Function.run_forward and
 Function.run_backward (the two calls through which every op runs, see
-function.py) are wrapped in a clock; an op's time leaves out ops run inside
+function.py) are wrapped in a clock (op_calls.py); an op's time leaves out ops run inside
 it (a checkpoint's segment), so the rows add up to the step. The clock
 costs well under a microsecond per op. On a GPU each clock read waits for
 the device first, which serialises the step: the shares stay meaningful,
@@ -30,10 +30,10 @@ from contextlib import contextmanager
 
 import numpy
 
-from .. import backend, memory
-from ..function import Function
+from .. import backend
 from .floor import Floor
 from .machine import limited_threads, load_average
+from .op_calls import around_ops
 from .report import markdown_table
 from .workloads import label
 
@@ -68,20 +68,8 @@ class OpTimer:
 def op_times(device="cpu"):
     """Time every op run inside the block; yields the OpTimer. Phases: forward, recompute, backward."""
     timer = OpTimer(device)
-    forward, backward = Function.__dict__["run_forward"], Function.__dict__["run_backward"]
-
-    def run_forward(cls, ctx, arrays, options):
-        phase = "recompute" if memory.tracker.phase == "recompute" else "forward"
-        return timer.time((cls.__name__, phase), lambda: forward.__func__(cls, ctx, arrays, options))
-
-    def run_backward(cls, ctx, grads):
-        return timer.time((cls.__name__, "backward"), lambda: backward.__func__(cls, ctx, grads))
-
-    Function.run_forward, Function.run_backward = classmethod(run_forward), classmethod(run_backward)
-    try:
+    with around_ops(lambda name, phase, call: timer.time((name, phase), call)):
         yield timer
-    finally:
-        Function.run_forward, Function.run_backward = forward, backward
 
 
 def profile_workload(size, repeats=5, device="cpu"):
