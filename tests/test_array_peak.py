@@ -66,3 +66,13 @@ def test_the_op_wrappers_are_removed_even_when_the_step_fails():
         array_peak(step)
     assert Function.__dict__["run_forward"] is forward and Function.__dict__["run_backward"] is backward
     assert not tracemalloc.is_tracing()
+
+
+def test_it_refuses_to_run_inside_a_tracemalloc_session():
+    tracemalloc.start()
+    try:
+        with pytest.raises(RuntimeError, match="already tracing"):
+            array_peak(lambda: None)
+        assert tracemalloc.is_tracing()  # the caller's session is left running
+    finally:
+        tracemalloc.stop()

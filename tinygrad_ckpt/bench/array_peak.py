@@ -12,13 +12,13 @@ moment exactly; but tracemalloc keeps one peak for all domains together.
 So the step is cut at every op boundary, before and after each op's
 forward, recompute and backward (op_calls.py). At each boundary the
 arrays' bytes are read from a snapshot (exact), and the Python objects'
-bytes are the rest. Between two boundaries the arrays' peak is taken as the
-interval's peak less the larger of its two Python-object counts (and never
-less than the arrays at either end). That is exact when the Python bytes at the interval's peak are the
-larger end's, and otherwise off by no more than the Python objects the
-interval made or freed: inside an op, a few hundred bytes; between two ops,
-the tensors and record of an op's call, a few KiB, which can count as
-arrays (tests/test_array_peak.py).
+bytes are the rest. Between two boundaries the arrays' peak is taken as
+the interval's peak less the larger of its two Python-object counts (and
+never less than the arrays at either end). That is exact when the Python
+bytes at the interval's peak are the larger end's, and otherwise off by no
+more than the Python objects the interval made or freed: inside an op, a
+few hundred bytes; between two ops, the tensors and record of an op's
+call, a few KiB, which can count as arrays (tests/test_array_peak.py).
 
 It is slow (a snapshot per boundary: seconds for a step of a few hundred
 ops), so bench --compare runs it on a step of its own, after the timed ones.
@@ -40,8 +40,12 @@ def array_peak(step):
     """Run step() (one forward and backward) and return its peak of NumPy array bytes, op by op.
 
     Counted above what was live before the step, as tracemalloc's own peak
-    is; tracemalloc must not be running already.
+    is. It starts and stops tracemalloc itself, so it refuses to run inside
+    a tracemalloc session of the caller's (it would reset that one's peak).
     """
+    if tracemalloc.is_tracing():
+        raise RuntimeError("array_peak: tracemalloc is already tracing; stop it first (tracemalloc.stop()), "
+                           "array_peak starts its own")
     peak, python_before = 0, None
 
     def boundary():

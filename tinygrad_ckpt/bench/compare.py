@@ -609,7 +609,7 @@ def memory_ours(run):
     engine_peak = memory.peak()[0] - base
     if run.device != "cpu":
         return saved, engine_peak, engine_peak, None
-    _keep_grads(run)
+    run.clear_grads(keep=True)  # the .grad arrays exist: zero them in place, as _keep_grads left them
     gc.collect()
     return saved, peak, engine_peak, array_peak(lambda: _step(run))
 

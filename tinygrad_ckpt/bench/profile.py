@@ -13,8 +13,8 @@ products timed in the same rounds, after one warm-up step.
 
 How ops are timed: while `op_times()` is active, Function.run_forward and
 Function.run_backward (the two calls through which every op runs, see
-function.py) are wrapped in a clock (op_calls.py); an op's time leaves out ops run inside
-it (a checkpoint's segment), so the rows add up to the step. The clock
+function.py) are wrapped in a clock (op_calls.py); an op's time leaves out
+ops run inside it (a checkpoint's segment), so the rows add up to the step. The clock
 costs well under a microsecond per op. On a GPU each clock read waits for
 the device first, which serialises the step: the shares stay meaningful,
 the total is slower than an unprofiled step.
