@@ -481,11 +481,26 @@ def test_recompute_with_another_dtype_is_an_error():
         calls.append(1)
         return x * 2.0 if len(calls) == 1 else (x * 2.0).to(numpy.float32)
 
-    y = checkpoint(caster, randn(3, requires_grad=True))
+    y = checkpoint(caster, randn(3, requires_grad=True), early_stop=False)
     # The recompute calls one op more than the forward (the cast): caught as it is called.
     with pytest.raises(RuntimeError, match=r"recompute of segment '.*caster' ran Cast as op #1, where its forward "
                                            r"ran nothing more"):
         y.sum().backward()
+
+
+def test_early_stop_never_checks_what_it_did_not_need_to_run():
+    # With early stop (the default, as PyTorch's) the recompute stops once backward has what it
+    # needs; an op after that point that differs (here the extra cast) is neither run nor checked.
+    calls = []
+
+    def caster(x):
+        calls.append(1)
+        y = (x * 2.0).exp()
+        return y if len(calls) == 1 else y.to(numpy.float32)
+
+    x = randn(3, requires_grad=True)
+    checkpoint(caster, x).sum().backward()
+    numpy.testing.assert_allclose(x.grad.numpy(), 2.0 * numpy.exp(2.0 * x.numpy()))
 
 
 def test_input_modified_in_place_is_an_error():

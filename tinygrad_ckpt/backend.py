@@ -100,6 +100,14 @@ def device_of(array):
     )
 
 
+def is_array(x):
+    """True for an array of NumPy or of the CUDA module (CuPy, or the strict stand-in)."""
+    if isinstance(x, numpy.ndarray):
+        return True
+    cuda = _modules["cuda"]
+    return cuda is not None and isinstance(x, cuda.ndarray)
+
+
 def array_module(*arrays):
     """The array module shared by `arrays`; a clear error if they disagree."""
     devices = {device_of(a) for a in arrays}
@@ -114,6 +122,15 @@ def array_module(*arrays):
 def as_array(x):
     """NumPy turns 0-d results into scalars (numpy.float64); make them arrays again."""
     return numpy.asarray(x) if isinstance(x, numpy.generic) else x
+
+
+def unbroadcast(grad, shape):
+    """Sum `grad` down to `shape`: the adjoint of NumPy broadcasting (the ops and the walk use it)."""
+    if tuple(grad.shape) == tuple(shape):
+        return grad
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
+    return grad.sum(axis=axes, keepdims=True).reshape(shape)
 
 
 def to_device(array, device):

@@ -290,7 +290,9 @@ class Checkpoint(Function):
             inputs = segment.stand_ins(saved[:n])
             fresh = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
         # Start the inner backward from the outputs' gradient edges in the recompute.
-        pairs = [(e, backend.as_array(g)) for e, g in zip(fresh.output_edges(), grads) if e != (None, None)]
+        output_edges = fresh.output_edges()
+        segment.watch_outputs_inside(ctx, output_edges)
+        pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
         leftover = {}
         fresh.close()
         if pairs:
@@ -373,6 +375,26 @@ class _Segment:
     def drop_forward_tensors(self):
         self._outputs = None
         self.outer = [t if t.is_leaf else _Shape(t) for t in self.outer]  # no computed tensor from outside held
+
+    def taken_inside(self, i):
+        """Whether the gradient of the record's output i, when grad() asks for it, is taken inside the recompute.
+
+        The record is one node for all the segment's outputs, so it has no edge
+        from one output to another (y, z = checkpoint(fn, x) with z = 3 * y).
+        An output an op of the segment made is a tensor of the recompute too,
+        and there its gradient has every path: the outer walk leaves it alone.
+        """
+        origin = [o for o, requires_grad in self.out_origins if requires_grad][i]
+        return origin is not None and origin[0] == "op"
+
+    def watch_outputs_inside(self, ctx, output_edges):
+        """The recompute's edges of the record's outputs that the backward call asks for, watched in its stead."""
+        task = tape.current_task()
+        if task is None or not task.watched:
+            return
+        for (node, i), t in list(task.watched.items()):
+            if node is not None and node.ctx is ctx and self.taken_inside(i):
+                task.watched[output_edges[i]] = t
 
     def stash_arrays(self):
         return self.stash.hand_over() if self.stash is not None else ()

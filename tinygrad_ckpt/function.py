@@ -93,10 +93,13 @@ class Context:
 
     def free(self):
         """Drop the saved arrays (after backward, or when a checkpoint discards them)."""
+        saved_some = any(a is not None for a in self.saved_arrays or ()) or any(p is not None for p in self.packed or ())
         if self.counted:
             for a in self.held_arrays():
                 memory.release(a, "activations")
-        self.saved_arrays = None  # None, not (): marks 'freed' for a second backward
+        # None marks 'freed': a second backward through this record has nothing to run on. A record
+        # that saved nothing loses nothing, and may be walked again, as in PyTorch.
+        self.saved_arrays = None if saved_some else ()
         self.saved_versions = ()
         self.packed, self.packed_arrays = None, ()
 

@@ -337,12 +337,12 @@ class RecomputeTape(tape.Tape):
     def run(self, op, ctx, arrays, options):
         j = self.position
         self.ran.append(op.__name__)
+        if j > self.plan.stop and not self.segment.full:
+            raise StopRecompute  # every op that must be run again has been: what follows is neither run nor checked
         expected = self.notes[j].name if j < len(self.notes) else "nothing more"
         policy_kept = j < len(self.notes) and self.notes[j].kept is not None  # a replay needs the same op
         if expected != op.__name__ and (self.segment.check_ops or policy_kept):
             self.segment.mismatch(f"ran {op.__name__} as op #{j}, where its forward ran {expected}", self.ran)
-        if j > self.plan.stop and self.segment.check_ops:
-            raise StopRecompute  # every op that must be run again has been
         self.position += 1
         if expected != op.__name__ or j > self.plan.stop:  # determinism_check="none": run what the code runs
             return op.run_forward(ctx, arrays, options)
@@ -381,8 +381,9 @@ class RecomputeTape(tape.Tape):
     # -- after the code has run (or stopped) ----------------------------------------
     def finish(self, returned):
         """Check that the code reached what it had to; rebuild the records after the stop."""
+        # Early stop checks only what comes before the stop: returning after it is no mismatch.
         if self.segment.check_ops and (self.position <= self.plan.stop or
-                                       (returned and self.position != len(self.notes))):
+                                       (returned and self.segment.full and self.position != len(self.notes))):
             self.segment.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
         for j in self.plan.rebuilt:
             note = self.notes[j]
@@ -394,8 +395,8 @@ class RecomputeTape(tape.Tape):
                 ctx.__dict__.update(_facts(note.node.ctx))
                 ctx.save_for_backward(*self._saved(note, lambda i, note=note: self._value(note.inputs[i]), {}))
             edges = [self.edge(o) if needs else (None, None) for needs, o in zip(note.needs_input_grad, note.inputs)]
-            node = tape.Node.rebuilt(note.op, ctx, edges, [m[0] for m in note.input_meta], note.shapes, note.dtypes,
-                                     note.node.hooks)
+            node = tape.Node.rebuilt(note.op, ctx, edges, note.input_meta, note.shapes, note.dtypes, note.node.hooks,
+                                     getattr(note.node, "stack", None))
             self.append_rebuilt(node, j)
             # On the timeline as a record made (without shapes, so without FLOPs: nothing ran).
             memory.tracker.event(f"{note.name} (rebuilt)", kind="op", tape=self.number, record=node.index,

@@ -83,7 +83,7 @@ class Node:
     they are alive (None once freed).
     """
 
-    __slots__ = ("op", "ctx", "edges", "_inputs", "input_shapes", "outputs", "shapes", "dtypes",
+    __slots__ = ("op", "ctx", "edges", "_inputs", "input_shapes", "input_dtypes", "outputs", "shapes", "dtypes",
                  "tape", "index", "stack", "hooks", "__weakref__")
 
     def __init__(self, op, ctx, inputs, outputs):
@@ -92,6 +92,7 @@ class Node:
         self.edges = tuple(_edge(t) for t in inputs)  # strong: the graph backward walks
         self._inputs = tuple(weakref.ref(t) for t in inputs)
         self.input_shapes = shared(tuple(t.shape for t in inputs))
+        self.input_dtypes = shared(tuple(t.dtype for t in inputs))  # what each input's gradient must be
         # Weak: the outputs own this record, not the other way round.
         self.outputs = tuple(weakref.ref(t) for t in outputs)
         self.shapes = shared(tuple(t.shape for t in outputs))
@@ -103,13 +104,18 @@ class Node:
         # `stack`, where the record was created, is set in anomaly mode only (see there).
 
     @classmethod
-    def rebuilt(cls, op, ctx, edges, input_shapes, shapes, dtypes, hooks=None):
+    def rebuilt(cls, op, ctx, edges, input_meta, shapes, dtypes, hooks=None, stack=None):
         """A record made without running its op: a checkpoint's recompute rebuilds the
-        records whose forward it skips from what the segment's forward noted (recompute.py)."""
+        records whose forward it skips from what the segment's forward noted (recompute.py).
+        input_meta: (shape, dtype) per input; stack: where the forward created it (anomaly mode)."""
         node = cls.__new__(cls)
         node.op, node.ctx, node.edges, node._inputs = op, ctx, tuple(edges), ()
-        node.input_shapes, node.outputs, node.shapes, node.dtypes = tuple(input_shapes), (), tuple(shapes), tuple(dtypes)
+        node.input_shapes = tuple(m[0] for m in input_meta)
+        node.input_dtypes = tuple(m[1] for m in input_meta)
+        node.outputs, node.shapes, node.dtypes = (), tuple(shapes), tuple(dtypes)
         node.hooks = hooks
+        if stack is not None:
+            node.stack = stack
         return node
 
     @property
@@ -241,9 +247,11 @@ class Tape:
         # over or written in place. Weak, by id: an id alone could be reused by a
         # new array once the old one is freed, and would force a needless copy.
         seen = {id(g): weakref.ref(g) for g in grads}
-        for t, g in zip(tensors, grads):
-            _deliver(t if isinstance(t, tuple) else _edge(t), g, pending, seen, task, own)
+        edges = [t if isinstance(t, tuple) else _edge(t) for t in tensors]
         tensors = None  # the edges are all the walk needs
+        needed = task.needed_records(edges, own) if task.only is not None else None
+        for e, g in zip(edges, grads):
+            _deliver(e, g, pending, seen, task, own)
         with memory.phase("backward" if memory.tracker.phase != "recompute" else "recompute"):
             for ref in reversed(self.records):
                 node = ref()
@@ -256,6 +264,8 @@ class Tape:
                     out_grads = run_tensor_hooks(node, out_grads)
                 if task.watched:
                     task.capture_outputs(node, out_grads, seen)
+                if needed is not None and node not in needed:
+                    continue  # it cannot reach the inputs asked for: not run, as PyTorch prunes the graph
                 if node.freed:
                     _raise_freed(node)
                 if node.ctx.packed is not None:
@@ -263,7 +273,7 @@ class Tape:
                 if node.ctx.saved_versions:
                     check_versions(node)
                 out_grads = [g if g is not None else _zeros(node, i, out_grads) for i, g in enumerate(out_grads)]
-                in_grads = node.op.run_backward(node.ctx, out_grads)
+                in_grads = validate_gradients(node, node.op.run_backward(node.ctx, out_grads))
                 if anomaly_mode:
                     check_gradients(node, out_grads, in_grads)
                 if not retain_graph:
@@ -276,10 +286,12 @@ class Tape:
                 # Drop this record's gradients now, not when the next record's
                 # backward reassigns the names: else they outlive their use.
                 out_grads = in_grads = g = None
-                if not retain_graph:
+                if node.freed:
                     # Let go of the records behind this one too: one that no
                     # gradient is pending for is freed now, not when the loss
                     # is dropped, so memory falls during backward as in PyTorch.
+                    # (A record that saved nothing keeps its edges: a second
+                    # backward may walk through it, as in PyTorch.)
                     node.release_graph()
                 memory.tracker.event(node.name, kind="backward", tape=self.number, record=node.index)
         if task.depth == 1:
@@ -348,11 +360,38 @@ class GradientTask:
         else:
             _accumulate(t, g, seen)
 
+    def needed_records(self, edges, own):
+        """The records behind `edges` whose backward leads to an input asked for (or to a leaf in `own`).
+
+        PyTorch prunes its graph the same way before a backward(inputs=...) or
+        grad(): a record that cannot reach the inputs never runs. A checkpoint
+        with an output asked for runs too (its gradient is taken inside it).
+        Walked depth first without recursion: a deep chain would pass Python's
+        recursion limit.
+        """
+        wanted = set(self.only) | own
+        leads = {}  # record -> whether its backward leads to what is wanted
+        stack = [r for r, _ in edges if r is not None]
+        while stack:
+            r = stack[-1]
+            if r in leads:
+                stack.pop()
+                continue
+            behind = [e[0] for e in r.edges if e[0] is not None and e[0] not in leads]
+            if behind:
+                stack.extend(behind)
+                continue
+            stack.pop()
+            leads[r] = (any(id(e[1]) in wanted if e[0] is None else (leads[e[0]] or e in self.watched)
+                            for e in r.edges if e != (None, None))
+                        or (_takes_watched_inside(r) and any((r, i) in self.watched for i in range(len(r.shapes)))))
+        return {r for r, yes in leads.items() if yes}
+
     def capture_outputs(self, node, out_grads, seen):
         """The gradient of a watched computed tensor, whole, as it reaches its record."""
         for i, g in enumerate(out_grads):
             t = self.watched.get((node, i))
-            if t is None or g is None:
+            if t is None or g is None or (_takes_watched_inside(node) and node.ctx.segment.taken_inside(i)):
                 continue
             if self.capture:
                 self.captured[id(t)] = g.copy() if id(t) not in self.captured else self.captured[id(t)] + g
@@ -375,6 +414,17 @@ class GradientTask:
 _task = None  # the GradientTask of the backward call running now, if any
 
 
+def current_task():
+    """The GradientTask of the backward call running now (None outside backward)."""
+    return _task
+
+
+def _takes_watched_inside(node):
+    """A checkpoint's record: an output of it that grad() asks for has its gradient taken inside its recompute,
+    where the segment's other outputs' paths to it are (checkpoint.py)."""
+    return getattr(node.op, "is_checkpoint", False)
+
+
 
 def _raise_freed(node):
     raise RuntimeError(
@@ -382,6 +432,41 @@ def _raise_freed(node):
         "the first backward. Pass retain_graph=True to the first backward() if you "
         "need to backpropagate twice."
     )
+
+
+# -- the gradients a backward returns ----------------------------------------------
+def validate_gradients(node, grads):
+    """Each input's gradient in its input's shape and dtype, or an error naming the op (PyTorch's validate_outputs).
+
+    As in PyTorch, a gradient of a shape the input broadcasts to is summed
+    down to it, and one of another float dtype is cast back (an unpack hook
+    may have handed backward float64 arrays); any other shape is an error,
+    so a wrong backward can never leave a leaf with a .grad of another shape.
+    One tuple compare per gradient when all is well.
+    """
+    if len(grads) != len(node.input_shapes):
+        raise RuntimeError(f"Function {node.name} returned an incorrect number of gradients (expected "
+                           f"{len(node.input_shapes)}, got {len(grads)}): its backward returns one array (or None) "
+                           "per input of its forward")
+    checked = []
+    for i, (g, shape, dtype) in enumerate(zip(grads, node.input_shapes, node.input_dtypes)):
+        if g is not None and (not backend.is_array(g) or g.shape != shape or g.dtype != dtype):
+            if not backend.is_array(g):
+                raise TypeError(f"Function {node.name} returned a '{type(g).__name__}' as the gradient at index {i}; "
+                                "its backward returns an array of the backend (or None) per input")
+            if g.shape != shape:
+                try:
+                    broadcast = numpy.broadcast_shapes(shape, g.shape) == g.shape
+                except ValueError:
+                    broadcast = False
+                if not broadcast:
+                    raise RuntimeError(f"Function {node.name} returned an invalid gradient at index {i} - got "
+                                       f"{list(g.shape)} but expected shape compatible with {list(shape)}")
+                g = backend.unbroadcast(g, shape)
+            if g.dtype != dtype:
+                g = g.astype(dtype)
+        checked.append(g)
+    return tuple(checked)
 
 
 # -- saved arrays modified in place ---------------------------------------------
@@ -549,7 +634,13 @@ def _call_hooks(hooks, g, what):
             new = hook(Tensor(g, device=backend.device_of(g)))
         if new is None:
             continue
-        new = new.data if isinstance(new, Tensor) else backend.as_array(new)
+        if isinstance(new, Tensor):
+            new = new.data
+        elif backend.is_array(backend.as_array(new)):
+            new = backend.as_array(new)
+        else:
+            raise TypeError(f"{what}: expected a Tensor, but the hook returned '{type(new).__name__}'; a hook returns "
+                            "the new gradient as a Tensor, or None to keep it")
         if tuple(new.shape) != tuple(g.shape) or new.dtype != g.dtype:
             raise RuntimeError(
                 f"{what} returned a gradient of shape {tuple(new.shape)} and dtype {new.dtype}, but the gradient "

@@ -57,7 +57,7 @@ class Tensor:
         source = data if isinstance(data, Tensor) else None
         if source is not None:
             data = data.data
-        if not _is_backend_array(data):
+        if not backend.is_array(data):
             python_values = not hasattr(data, "dtype")
             data = numpy.asarray(data)
             if dtype is None and python_values and data.dtype.kind == "f":
@@ -287,7 +287,7 @@ class Tensor:
         self._write(value)
         value = value.data if isinstance(value, Tensor) else value
         if not isinstance(value, (numbers.Number, numpy.generic)):
-            value = backend.to_device(value if _is_backend_array(value) else numpy.asarray(value), self.device)
+            value = backend.to_device(value if backend.is_array(value) else numpy.asarray(value), self.device)
         self.data[_raw_index(index, self.device)] = value
         self._bump()
 
@@ -507,14 +507,6 @@ def promote_types(dtype, number):
     if kind <= own:
         return dtype
     return numpy.dtype(numpy.int64) if kind == 1 else numpy.dtype(_FLOAT_DEFAULT)
-
-
-def _is_backend_array(x):
-    try:
-        backend.device_of(x)
-        return True
-    except TypeError:
-        return False
 
 
 def _raw(x):

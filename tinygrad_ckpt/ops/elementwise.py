@@ -14,17 +14,8 @@ its backward reads, and skips saving for inputs that need no gradient.
 
 import numpy
 
-from ..backend import array_module, as_array, device_of
+from ..backend import array_module, as_array, device_of, unbroadcast
 from ..function import Function
-
-
-def unbroadcast(grad, shape):
-    """Sum `grad` down to `shape`: the adjoint of NumPy broadcasting."""
-    if tuple(grad.shape) == tuple(shape):
-        return grad
-    extra = grad.ndim - len(shape)
-    axes = tuple(range(extra)) + tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
-    return grad.sum(axis=axes, keepdims=True).reshape(shape)
 
 
 def check_broadcast(op, a, b):
