@@ -163,3 +163,21 @@ def test_reachable_as_tinygrad_ckpt_autograd():
 
     with tinygrad_ckpt.autograd.detect_anomaly():
         assert tinygrad_ckpt.autograd.is_anomaly_enabled()
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_a_nan_gradient_inside_a_checkpointed_segment_names_the_op_and_the_line(early_stop):
+    # With early stop the Pow's record is rebuilt from the forward's note, not made again: it
+    # carries the stack its forward record captured, so the message names the line all the same.
+    def segment(x):
+        a = x.exp()
+        return a ** 0.5  # exp(-1000) is 0 in float64: the derivative 0.5 / sqrt(0) is infinite
+
+    x = Tensor([-1000.0, 1.0], requires_grad=True)
+    with autograd.detect_anomaly(), pytest.raises(RuntimeError) as error:
+        y = checkpoint(segment, x, early_stop=early_stop)
+        y.sum().backward()
+    message = str(error.value)
+    assert "Function PowScalar (record #1 on the recompute of checkpoint segment" in message
+    assert f"{HERE}, line {line_of('return a ** 0.5')}, in segment" in message
+    assert "before anomaly mode" not in message

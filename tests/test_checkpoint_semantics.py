@@ -616,7 +616,8 @@ def unpack_inputs(kind, args):
 
 @settings(max_examples=12)
 @given(inputs=st.sampled_from(STRUCTURES), output=st.sampled_from(["tensor", "tuple", "dict"]),
-       hook=st.sampled_from([None, "inside", "replace", "leaf"]), call=st.sampled_from(["backward", "inputs", "grad"]),
+       hook=st.sampled_from([None, "inside", "replace", "leaf"]),
+       call=st.sampled_from(["backward", "inputs", "grad", "outputs"]),
        early_stop=st.booleans(), policy=st.sampled_from([None, policies.save_matmuls]),
        closure=st.booleans(), seed=st.integers(0, 2**16))
 def test_checkpointed_equals_plain_whatever_goes_in_and_out(inputs, output, hook, call, early_stop, policy, closure, seed):
@@ -654,9 +655,12 @@ def test_checkpointed_equals_plain_whatever_goes_in_and_out(inputs, output, hook
             loss.backward(inputs=[a, layer.weight])
             got = grads(wrt)
             assert b.grad is None and c.grad is None and layer.bias.grad is None
-        else:
+        elif call == "grad":
             got = [None if g is None else g.numpy() for g in autograd.grad(loss, wrt, allow_unused=True)]
             assert all(t.grad is None for t in wrt)
+        else:  # the gradient of an output of the call: with "dict", z, on which the other output depends
+            of = [res["z"], a] if output == "dict" else [out, a]
+            got = [g.numpy() for g in autograd.grad(loss, of)]
         results.append((got, log))
     assert_same(results[1][0], results[0][0])
     assert_same(results[1][1], results[0][1])
@@ -749,3 +753,70 @@ def test_returning_a_parameter_or_a_tensor_from_outside_as_it_is():
         (a.sum() * 2.0 + (b * b).sum() + d.sum()).backward()
         results.append(grads([w, c]))
     assert_same(results[1], results[0])
+
+
+# -- outputs that depend on each other, and the hooks' stack --------------------------------
+@pytest.mark.parametrize("early_stop", [True, False])
+@pytest.mark.parametrize("call", ["grad", "backward"])
+def test_outputs_of_one_checkpointed_call_keep_their_dependence_on_each_other(early_stop, call):
+    # y, z = checkpoint(fn, x) with z = 3 y: the gradient of z with respect to y is 3, as without
+    # the checkpoint (and as with PyTorch's non-reentrant one, whose graph is the real one).
+    def fn(x):
+        y = x.exp()
+        return y, y * 3
+
+    results = []
+    for ckpt in (False, True):
+        x = randn(4, requires_grad=True)
+        y, z = checkpoint(fn, x, early_stop=early_stop) if ckpt else fn(x)
+        if call == "grad":
+            got = [g.numpy() for g in autograd.grad((z * z).sum() + y.sum(), [y, x])]
+        else:
+            ((z * z).sum() + y.sum()).backward(inputs=[y])
+            got = [y.grad.numpy()]
+            assert x.grad is None
+        results.append(got)
+    assert_same(results[1], results[0])
+    numpy.testing.assert_allclose(results[1][0], 1 + 18 * numpy.exp(randn(4).numpy()), rtol=1e-12)
+
+
+def test_saved_tensors_hooks_stay_balanced():
+    from tinygrad_ckpt import function
+
+    before = list(function._saved_hooks)
+    hooks = saved_tensors_hooks(lambda t: t, lambda t: t)
+    with hooks:
+        pass
+    with pytest.raises(RuntimeError, match="exited more times than it was entered"):
+        hooks.__exit__(None, None, None)
+    assert function._saved_hooks == before
+    # A block entered inside a pack or an unpack hook and never left: it packs nothing after the hook.
+    stray = saved_tensors_hooks(lambda t: 1 / 0, lambda t: t)
+    x = randn(3, requires_grad=True)
+    for where in ("pack", "unpack"):
+        def enter_stray(t):
+            stray.__enter__()
+            return t
+
+        pack, unpack = (enter_stray, lambda t: t) if where == "pack" else (lambda t: t, enter_stray)
+        with saved_tensors_hooks(pack, unpack):
+            loss = (x * x).sum()
+        loss.backward()
+        assert function._saved_hooks == before, where
+        (x * x).sum().backward()  # the stray pack hook would divide by zero
+    # The same object entered twice, nested, exits twice.
+    with hooks:
+        with hooks:
+            assert len(function._saved_hooks) == len(before) + 2
+    assert function._saved_hooks == before
+
+
+def test_checkpoint_sequential_takes_extra_arguments_by_keyword_only():
+    x = randn(3, requires_grad=True)
+    with pytest.raises(TypeError, match=r"checkpoint_sequential takes 3 positional arguments \(functions, segments, "
+                                        r"input\), got 4.*use_reentrant=None, policy=None"):
+        checkpoint_sequential([lambda t: t * 2], 1, x, x)
+    with pytest.raises(TypeError, match=r"use_reentrant must be False \(or None\), got Tensor"):
+        checkpoint_sequential([lambda t: t * 2], 1, x, use_reentrant=x)
+    with pytest.raises(TypeError, match=r"determinism_check must be one of .*got int"):
+        checkpoint(lambda t: t * 2, x, determinism_check=1)

@@ -6,7 +6,8 @@ import numpy
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import Tensor, memory, no_grad, tape
+from tinygrad_ckpt import Tensor, backend, memory, no_grad, tape
+from tinygrad_ckpt.function import Function
 
 
 def test_a_tensor_used_twice_gets_both_gradients():
@@ -360,3 +361,144 @@ def test_0d_results_are_arrays_on_the_tape():
     z.backward()
     expected = 2 * numpy.exp(1.0) + (1 - numpy.tanh(numpy.exp(0.5)) ** 2) * numpy.exp(0.5)
     numpy.testing.assert_allclose(x.grad.numpy(), expected)
+
+
+# -- what a backward hands back is checked where it enters the graph ---------------------------
+class Doubled(Function):
+    """2x, whose backward returns what the test puts in `Doubled.give(g)`."""
+
+    give = staticmethod(lambda g: g * 2)
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return Doubled.give(g)
+
+
+@pytest.fixture
+def doubled():
+    yield Doubled
+    Doubled.give = staticmethod(lambda g: g * 2)
+
+
+def test_a_gradient_of_another_shape_is_an_error_naming_the_op(doubled):
+    # PyTorch's validate_outputs: "Function ... returned an invalid gradient at index 0 - got [10] but
+    # expected shape compatible with [5, 5]". Accepted before, it left a (5, 5) leaf with a (10,) .grad.
+    doubled.give = staticmethod(lambda g: backend.module_of(g).ones(10, dtype=g.dtype))
+    x = Tensor(numpy.ones((5, 5), dtype=numpy.float32), requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"Function Doubled returned an invalid gradient at index 0 - got \[10\] "
+                                           r"but expected shape compatible with \[5, 5\]"):
+        Doubled.apply(x).sum().backward()
+    assert x.grad is None
+
+
+def test_a_gradient_the_input_broadcasts_to_is_summed_down_and_another_dtype_cast_back(doubled):
+    doubled.give = staticmethod(lambda g: backend.module_of(g).broadcast_to(g * 2, (3,) + g.shape).astype("float64"))
+    x = Tensor(numpy.ones((2, 2), dtype=numpy.float32), requires_grad=True)
+    Doubled.apply(x).sum().backward()
+    assert x.grad.shape == (2, 2) and x.grad.dtype == numpy.float32
+    numpy.testing.assert_array_equal(x.grad.numpy(), numpy.full((2, 2), 6.0))
+
+
+def test_a_backward_that_returns_too_many_gradients_or_no_array_is_an_error(doubled):
+    x = Tensor(numpy.ones(3), requires_grad=True)
+    doubled.give = staticmethod(lambda g: (g, g))
+    with pytest.raises(RuntimeError, match=r"Doubled returned an incorrect number of gradients \(expected 1, got 2\)"):
+        Doubled.apply(x).sum().backward()
+    doubled.give = staticmethod(lambda g: 3)
+    with pytest.raises(TypeError, match=r"Doubled returned a 'int' as the gradient at index 0"):
+        Doubled.apply(x).sum().backward()
+
+
+def test_an_unpack_hook_that_returns_another_dtype_leaves_the_leaf_gradient_in_its_own():
+    from tinygrad_ckpt.autograd import saved_tensors_hooks
+
+    x = Tensor(numpy.ones((2, 3), dtype=numpy.float32), requires_grad=True)
+    with saved_tensors_hooks(lambda t: t, lambda t: t.to(numpy.float64)):
+        loss = (x * x).sum()
+    loss.backward()
+    assert x.grad.dtype == numpy.float32  # PyTorch casts the gradient back to the input's dtype too
+    numpy.testing.assert_array_equal(x.grad.numpy(), numpy.full((2, 3), 2.0))
+
+
+def test_a_hook_that_returns_no_tensor_says_what_it_returned():
+    x = Tensor(numpy.ones(3), requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: 3)
+    with pytest.raises(TypeError, match=r"hook returned 'int'"):
+        y.sum().backward()
+    x.register_hook(lambda g: "no")
+    with pytest.raises(TypeError, match=r"hook returned 'str'"):
+        (x * 2).sum().backward()
+
+
+def test_a_second_backward_through_records_that_saved_nothing_is_allowed():
+    # PyTorch: c = b + 1; c.backward(g); c.backward(g) works, and b.grad adds up both.
+    b = Tensor(numpy.ones(3), requires_grad=True)
+    c = (b + 1) - 2.0
+    g = Tensor(numpy.full(3, 0.5))
+    c.backward(g)
+    c.backward(g)
+    numpy.testing.assert_array_equal(b.grad.numpy(), numpy.ones(3))
+    # A record whose saved arrays the first backward freed still refuses, and says so.
+    d = (b * b) + 1
+    d.backward(g)
+    with pytest.raises(RuntimeError, match=r"backward through Mul a second time: its saved arrays were freed"):
+        d.backward(g)
+
+
+class Counted(Function):
+    """The identity, counting its backward calls."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        Counted.calls += 1
+        return g
+
+
+@pytest.mark.parametrize("call", ["grad", "backward"])
+def test_grad_and_backward_inputs_run_only_the_records_that_reach_the_inputs(call):
+    from tinygrad_ckpt import autograd
+
+    a = Tensor(numpy.ones(3), requires_grad=True)
+    b = Tensor(numpy.ones(3), requires_grad=True)
+    h = Counted.apply(a)
+    loss = (Counted.apply(h) * b).sum() + Counted.apply(b).sum()
+    Counted.calls = 0
+    if call == "grad":
+        (gb,) = autograd.grad(loss, [b], retain_graph=True)
+        numpy.testing.assert_array_equal(gb.numpy(), numpy.full(3, 2.0))
+    else:
+        loss.backward(inputs=[b], retain_graph=True)
+        numpy.testing.assert_array_equal(b.grad.numpy(), numpy.full(3, 2.0))
+        assert a.grad is None
+    assert Counted.calls == 1  # the Counted of b only: the two on a's path cannot reach b (PyTorch prunes them)
+    # A computed tensor asked for: only what lies between the loss and it runs.
+    Counted.calls = 0
+    (gh,) = autograd.grad(loss, [h])
+    numpy.testing.assert_array_equal(gh.numpy(), numpy.ones(3))
+    assert Counted.calls == 1
+
+
+def test_tensor_copies_and_from_numpy_shares_as_in_pytorch():
+    a = numpy.ones(3)
+    x = tg.tensor(a, requires_grad=True)
+    w = Tensor(numpy.full(3, 2.0), requires_grad=True)
+    loss = (x * w).sum()
+    a[:] = 5.0  # the caller's array changes after the forward
+    loss.backward()
+    numpy.testing.assert_array_equal(w.grad.numpy(), numpy.ones(3))  # x kept its own copy
+    shared = tg.from_numpy(a)
+    a[0] = 7.0
+    assert shared.numpy()[0] == 7.0 and shared.device == "cpu"
+    with pytest.raises(TypeError, match=r"from_numpy: expected a numpy.ndarray, got list"):
+        tg.from_numpy([1.0])

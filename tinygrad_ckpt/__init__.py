@@ -7,11 +7,11 @@
 from . import autograd, backend, functional, memory
 from .random import manual_seed
 from .tape import enable_grad, is_grad_enabled, no_grad
-from .tensor import Tensor, ones, randn, tensor, zeros
+from .tensor import Tensor, from_numpy, ones, randn, tensor, zeros
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "tensor", "zeros", "ones", "randn", "no_grad", "enable_grad", "is_grad_enabled",
+    "Tensor", "tensor", "from_numpy", "zeros", "ones", "randn", "no_grad", "enable_grad", "is_grad_enabled",
     "manual_seed", "functional", "memory", "backend", "autograd",
 ]

@@ -109,14 +109,22 @@ class saved_tensors_hooks:
     """
 
     def __init__(self, pack_hook, unpack_hook):
+        if not callable(pack_hook) or not callable(unpack_hook):
+            bad = "pack_hook" if not callable(pack_hook) else "unpack_hook"
+            raise TypeError(f"saved_tensors_hooks: {bad} must be callable, got "
+                            f"{type(pack_hook if bad == 'pack_hook' else unpack_hook).__name__}")
         self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
+        self.depths = []  # one per __enter__ not yet exited (one object may be entered again, nested)
 
     def __enter__(self):
-        function.push_saved_tensors_hooks(self.pack_hook, self.unpack_hook)
+        self.depths.append(function.push_saved_tensors_hooks(self.pack_hook, self.unpack_hook))
         return self
 
     def __exit__(self, *exc):
-        function.pop_saved_tensors_hooks()
+        if not self.depths:
+            raise RuntimeError("saved_tensors_hooks: exited more times than it was entered; the hooks in force "
+                               "are unchanged. Use it as `with saved_tensors_hooks(pack, unpack): ...`")
+        function.pop_saved_tensors_hooks(self.depths.pop())
 
 
 class save_on_cpu(saved_tensors_hooks):

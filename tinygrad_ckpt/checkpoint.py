@@ -116,12 +116,12 @@ def is_recomputing():
 def _recompute():
     global _recomputing
     _recomputing += 1
-    function.push_no_saved_tensors_hooks()  # what the recompute saves is its own (PyTorch's too)
+    depth = function.push_no_saved_tensors_hooks()  # what the recompute saves is its own
     try:
         with memory.phase("recompute"):
             yield
     finally:
-        function.pop_saved_tensors_hooks()
+        function.pop_saved_tensors_hooks(depth)
         _recomputing -= 1
 
 
@@ -131,7 +131,18 @@ OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")  # 
 
 def check_options(use_reentrant=None, preserve_rng_state=True, determinism_check="default", debug=False,
                   early_stop=True):
-    """Check the checkpoint's own keywords; a clear error for each bad one. Returns them as a dict."""
+    """Check the checkpoint's own keywords, each by type before value; a clear error for each bad one.
+
+    Returns them as a dict.
+    """
+    if use_reentrant is not None and not isinstance(use_reentrant, (bool, numpy.bool_)):
+        raise TypeError(f"use_reentrant must be False (or None), got {type(use_reentrant).__name__}")
+    for name, value in (("preserve_rng_state", preserve_rng_state), ("debug", debug), ("early_stop", early_stop)):
+        if not isinstance(value, (bool, numpy.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if not isinstance(determinism_check, str):
+        raise TypeError(f"determinism_check must be one of {', '.join(map(repr, DETERMINISM_CHECKS))}, "
+                        f"got {type(determinism_check).__name__}")
     if use_reentrant:
         raise ValueError(
             "use_reentrant=True asks for PyTorch's reentrant checkpoint: an autograd Function whose backward "
@@ -140,14 +151,9 @@ def check_options(use_reentrant=None, preserve_rng_state=True, determinism_check
             "recomputes the whole segment. This engine's checkpoint is the non-reentrant kind (it records the "
             "segment: every backward works through it, and it stops recomputing early). Pass "
             "use_reentrant=False, or leave it out.")
-    if use_reentrant is not None and use_reentrant is not False:
-        raise TypeError(f"use_reentrant must be False (or None), got {use_reentrant!r}")
     if determinism_check not in DETERMINISM_CHECKS:
         raise ValueError(f"determinism_check must be one of {', '.join(map(repr, DETERMINISM_CHECKS))}, "
                          f"got {determinism_check!r}")
-    for name, value in (("preserve_rng_state", preserve_rng_state), ("debug", debug), ("early_stop", early_stop)):
-        if not isinstance(value, (bool, numpy.bool_)):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
     return dict(preserve_rng_state=bool(preserve_rng_state), determinism_check=determinism_check,
                 debug=bool(debug), early_stop=bool(early_stop))
 
@@ -197,7 +203,7 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
                                      for o, needed in zip(outputs, segment.out_requires_grad)))
 
 
-def checkpoint_sequential(functions, segments, input, use_reentrant=None, policy=None, **options):
+def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None, policy=None, **options):
     """Run `functions` one after the other on `input`, checkpointing segments of them.
 
     segments: an int (that many segments of nearly equal length), 'sqrt'
@@ -211,7 +217,14 @@ def checkpoint_sequential(functions, segments, input, use_reentrant=None, policy
     checkpoint_sequential runs the last one normally; ask the planner if
     that pays). A policy applies to the outermost segments only. options:
     checkpoint()'s preserve_rng_state, determinism_check, debug, early_stop.
+    Everything after `input` is passed by keyword.
     """
+    if extra:
+        raise TypeError(
+            f"checkpoint_sequential takes 3 positional arguments (functions, segments, input), got "
+            f"{3 + len(extra)}; the rest are keywords: checkpoint_sequential(functions, segments, input, *, "
+            f"use_reentrant=None, policy=None, {', '.join(OPTIONS)}). To run several inputs through the chain, "
+            "pass them as one tuple and let the first function unpack it")
     unknown = set(options) - set(OPTIONS)
     if unknown:
         raise TypeError(f"checkpoint_sequential: unknown keyword(s) {', '.join(sorted(unknown))}; it takes "

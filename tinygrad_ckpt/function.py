@@ -39,7 +39,8 @@ activations, the array itself no longer does (one moved to the host, as
 shares the saved array's memory and version counter but not its record
 (PyTorch passes the tensor itself and warns that pack must not keep it, to
 avoid a reference cycle). Only the innermost pair applies; a checkpoint's
-recompute pushes "no hooks", as PyTorch's does.
+recompute pushes "no hooks", so the caller's hooks never pack what the
+recompute saves for its own short-lived backward.
 
 0-d results: NumPy hands back a scalar (numpy.float64), not a 0-d array, from
 most operations on 0-d arrays. `run_forward` and `run_backward` are the one
@@ -280,16 +281,25 @@ _saved_hooks = []  # (pack, unpack) pairs, innermost last; None on top: no hooks
 
 
 def push_saved_tensors_hooks(pack_hook, unpack_hook):
+    """Make (pack, unpack) the hooks in force; returns the depth to give pop_saved_tensors_hooks."""
     _saved_hooks.append((pack_hook, unpack_hook))
+    return len(_saved_hooks) - 1
 
 
 def push_no_saved_tensors_hooks():
     """Inside a checkpoint's recompute: what ops save there is not packed by the caller's hooks."""
     _saved_hooks.append(None)
+    return len(_saved_hooks) - 1
 
 
-def pop_saved_tensors_hooks():
-    _saved_hooks.pop()
+def pop_saved_tensors_hooks(depth):
+    """The hooks in force before the push that returned `depth`.
+
+    By depth, not by popping one: hooks pushed since and never popped (a
+    block entered in a hook and left open) go too, so they can never pack
+    the saved arrays of later ops, and popping twice cannot pop another's.
+    """
+    del _saved_hooks[depth:]
 
 
 def pack_saved(pack_hook, t):
@@ -297,8 +307,12 @@ def pack_saved(pack_hook, t):
 
     Run under no_grad. Whoever keeps the packed form releases those arrays' holds when done.
     """
-    with tape.no_grad():
-        packed = pack_hook(t)
+    depth = len(_saved_hooks)
+    try:
+        with tape.no_grad():
+            packed = pack_hook(t)
+    finally:
+        del _saved_hooks[depth:]  # hooks the hook pushed and left are not ours to keep
     counted = [held.data for held in _tensors_in(packed) if held.device == t.device]
     for a in counted:
         memory.track(a, "activations")
@@ -309,8 +323,12 @@ def unpack_saved(unpack_hook, packed, op="an op"):
     """unpack_hook(packed), under no_grad: the array for backward."""
     from .tensor import Tensor  # imported here: tensor.py imports this module
 
-    with tape.no_grad():
-        t = unpack_hook(packed)
+    depth = len(_saved_hooks)
+    try:
+        with tape.no_grad():
+            t = unpack_hook(packed)
+    finally:
+        del _saved_hooks[depth:]  # hooks the hook pushed and left are not ours to keep
     if not isinstance(t, Tensor):
         raise TypeError(f"saved_tensors_hooks: the unpack hook returned a {type(t).__name__} for an array {op} "
                         "saved; it must return a Tensor")

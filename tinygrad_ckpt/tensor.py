@@ -563,7 +563,31 @@ def _differentiated(inputs, where):
 
 # -- constructors --------------------------------------------------------------
 def tensor(data, requires_grad=False, dtype=None, device=None):
+    """A new leaf tensor holding a copy of `data` (PyTorch's torch.tensor, which always copies).
+
+    Changing `data` afterwards never changes the tensor, nor a gradient that
+    used it. `Tensor(array)` and `from_numpy(array)` share the array's memory
+    instead, as torch.Tensor and torch.from_numpy do.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    if backend.is_array(data):
+        data = data.copy()
     return Tensor(data, requires_grad=requires_grad, dtype=dtype, device=device)
+
+
+def from_numpy(array):
+    """A CPU tensor that shares `array`'s memory, as torch.from_numpy: no copy.
+
+    Writing into the array changes the tensor and the tensor the array; a
+    write into it after a forward that saved it for backward is not seen by
+    the version check (it bypasses the tensor), so the gradient would use
+    the new values. Use tensor(array) for a copy.
+    """
+    if not isinstance(array, numpy.ndarray):
+        raise TypeError(f"from_numpy: expected a numpy.ndarray, got {type(array).__name__}; "
+                        "use tensor(data) for other data")
+    return Tensor(array, device="cpu")
 
 
 def zeros(*shape, dtype=_FLOAT_DEFAULT, device=None, requires_grad=False):
