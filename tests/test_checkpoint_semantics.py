@@ -820,3 +820,29 @@ def test_checkpoint_sequential_takes_extra_arguments_by_keyword_only():
         checkpoint_sequential([lambda t: t * 2], 1, x, use_reentrant=x)
     with pytest.raises(TypeError, match=r"determinism_check must be one of .*got int"):
         checkpoint(lambda t: t * 2, x, determinism_check=1)
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_grad_for_some_inputs_runs_only_the_records_inside_a_segment_that_reach_them(early_stop):
+    from tinygrad_ckpt.function import Function
+
+    calls = []
+
+    class Counted(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            calls.append(1)
+            return g
+
+    x, w = randn(3, requires_grad=True), randn(3, seed=1, requires_grad=True)
+    y = checkpoint(lambda t: (Counted.apply(t) * w).exp(), x, early_stop=early_stop)
+    (gw,) = autograd.grad(y.sum(), [w], retain_graph=True)
+    assert calls == []  # the Counted on x's path cannot reach w
+    numpy.testing.assert_allclose(gw.numpy(), x.numpy() * numpy.exp(x.numpy() * w.numpy()), rtol=RTOL)
+    (gx,) = autograd.grad(y.sum(), [x])
+    assert calls == [1]
+    numpy.testing.assert_allclose(gx.numpy(), w.numpy() * numpy.exp(x.numpy() * w.numpy()), rtol=RTOL)

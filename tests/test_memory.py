@@ -24,6 +24,7 @@ What the comparison can and cannot show, and so the margins used:
     models: op temporaries of about 3 x the largest array above memory.py's peak.
 """
 
+import gc
 import tracemalloc
 
 import numpy
@@ -48,6 +49,7 @@ def numpy_bytes():
 
 @pytest.fixture
 def traced():
+    gc.collect()  # cycles left by earlier tests (a raised error's traceback) would be freed mid-test
     tracemalloc.start()
     try:
         yield

@@ -309,7 +309,10 @@ class Checkpoint(Function):
         leftover = {}
         fresh.close()
         if pairs:
-            leftover = fresh.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=inputs)
+            # The stand-ins collect the inputs' gradients, those the backward call wants (the others' records are pruned).
+            task = tape.current_task()
+            wanted = [t for t, x in zip(inputs, segment.inputs) if task is None or task.reaches(tape.get_gradient_edge(x))]
+            leftover = fresh.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=wanted)
         in_grads = []
         for t in inputs:
             g = t.grad.data if t.requires_grad and t.grad is not None else None

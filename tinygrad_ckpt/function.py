@@ -98,9 +98,14 @@ class Context:
         if self.counted:
             for a in self.held_arrays():
                 memory.release(a, "activations")
-        # None marks 'freed': a second backward through this record has nothing to run on. A record
-        # that saved nothing loses nothing, and may be walked again, as in PyTorch.
-        self.saved_arrays = None if saved_some else ()
+        if saved_some:
+            # Freed (saved_arrays None): a second backward through this record is refused, so the
+            # facts its backward would read go too (a checkpoint's segment holds its input tensors).
+            op, needs_input_grad = self.op, self.needs_input_grad
+            vars(self).clear()
+            self.op, self.needs_input_grad, self.saved_arrays = op, needs_input_grad, None
+        else:
+            self.saved_arrays = ()  # saved nothing, lost nothing: it may be walked again, as in PyTorch
         self.saved_versions = ()
         self.packed, self.packed_arrays = None, ()
 

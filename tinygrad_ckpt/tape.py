@@ -223,11 +223,13 @@ class Tape:
         global _task
         task = _task if _task is not None else GradientTask()  # a walk started directly: a plain backward
         previous, _task = _task, task
+        outer_pruning = task.pruning  # an inner walk prunes its own graph; the outer walk's comes back after
         task.depth += 1
         try:
             pending = self._walk(tensors, grads, retain_graph, task, {id(t) for t in own_leaves})
         finally:
             task.depth -= 1
+            task.pruning = outer_pruning
             _task = previous
         for record, _ in pending:  # a gradient that found no live record to go to
             if record.freed:
@@ -249,7 +251,7 @@ class Tape:
         seen = {id(g): weakref.ref(g) for g in grads}
         edges = [t if isinstance(t, tuple) else _edge(t) for t in tensors]
         tensors = None  # the edges are all the walk needs
-        needed = task.needed_records(edges, own) if task.only is not None else None
+        task.pruning = task.prune(edges, own) if task.only is not None else None
         for e, g in zip(edges, grads):
             _deliver(e, g, pending, seen, task, own)
         with memory.phase("backward" if memory.tracker.phase != "recompute" else "recompute"):
@@ -264,7 +266,7 @@ class Tape:
                     out_grads = run_tensor_hooks(node, out_grads)
                 if task.watched:
                     task.capture_outputs(node, out_grads, seen)
-                if needed is not None and node not in needed:
+                if task.pruning is not None and not task.reaches((node, None)):
                     continue  # it cannot reach the inputs asked for: not run, as PyTorch prunes the graph
                 if node.freed:
                     _raise_freed(node)
@@ -343,6 +345,7 @@ class GradientTask:
         # Computed (non-leaf) tensors among `inputs`: their gradient is taken as it reaches their record.
         self.watched = {_edge(t): t for t in (inputs or ()) if t._node is not None}
         self.depth = 0  # walks of this call running now (a checkpoint's inner walk is the second)
+        self.pruning = None  # while a walk for some inputs runs: what prune() found (None: every record runs)
 
     def to_leaf(self, t, g, seen, own):
         """Gradient `g` for leaf `t`: into its .grad now, or summed until the call ends."""
@@ -360,14 +363,15 @@ class GradientTask:
         else:
             _accumulate(t, g, seen)
 
-    def needed_records(self, edges, own):
-        """The records behind `edges` whose backward leads to an input asked for (or to a leaf in `own`).
+    def prune(self, edges, own):
+        """(whether each record behind `edges` leads to an input asked for, the leaves asked for).
 
         PyTorch prunes its graph the same way before a backward(inputs=...) or
-        grad(): a record that cannot reach the inputs never runs. A checkpoint
-        with an output asked for runs too (its gradient is taken inside it).
-        Walked depth first without recursion: a deep chain would pass Python's
-        recursion limit.
+        grad(): a record that cannot reach the inputs never runs. The leaves
+        asked for are the call's inputs and the walk's own leaves. A
+        checkpoint with an output asked for runs too (its gradient is taken
+        inside it). Walked depth first without recursion: a deep chain would
+        pass Python's recursion limit.
         """
         wanted = set(self.only) | own
         leads = {}  # record -> whether its backward leads to what is wanted
@@ -385,7 +389,17 @@ class GradientTask:
             leads[r] = (any(id(e[1]) in wanted if e[0] is None else (leads[e[0]] or e in self.watched)
                             for e in r.edges if e != (None, None))
                         or (_takes_watched_inside(r) and any((r, i) in self.watched for i in range(len(r.shapes)))))
-        return {r for r, yes in leads.items() if yes}
+        return leads, wanted
+
+    def reaches(self, edge):
+        """Whether a gradient along `edge` (or into record edge[0], when edge[1] is None) is wanted by this call."""
+        if self.pruning is None:
+            return True
+        leads, wanted = self.pruning
+        record, t = edge
+        if record is None:
+            return t is not None and id(t) in wanted
+        return leads.get(record, False) or edge in self.watched
 
     def capture_outputs(self, node, out_grads, seen):
         """The gradient of a watched computed tensor, whole, as it reaches its record."""
