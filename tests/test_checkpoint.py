@@ -547,8 +547,14 @@ def test_bad_segments_are_clear_errors():
         model.gradient_checkpointing_enable(5)
     with pytest.raises(ValueError, match=r"boundaries must increase strictly from 0 to the number of layers \(3\)"):
         model.gradient_checkpointing_enable([0, 2, 2])
-    with pytest.raises(TypeError, match=r"segments must be an int, 'sqrt', 'every'"):
-        model.gradient_checkpointing_enable("half")
+    with pytest.raises(ValueError, match=r"segments must be 'sqrt', 'every', an int.*got 'half'"):
+        model.gradient_checkpointing_enable("half")  # a string, but not one of the names: its value is wrong
+    with pytest.raises(TypeError, match=r"segments must be an int, 'sqrt', 'every'.*got 2.5"):
+        model.gradient_checkpointing_enable(2.5)
+    model.gradient_checkpointing_enable(numpy.int64(3))  # NumPy's integers are integers
+    assert model.checkpoint_segments == 3
+    with pytest.raises(TypeError, match=r"unknown checkpoint policy 3"):
+        model.gradient_checkpointing_enable(policy=3)
     gpt, _ = tiny_gpt(2, 0.0)
     gpt.gradient_checkpointing_enable(4, split_blocks=True)  # 2 blocks: 4 halves
     assert len(gpt.checkpoint_chain()) == 4

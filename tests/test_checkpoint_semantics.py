@@ -820,6 +820,10 @@ def test_checkpoint_sequential_takes_extra_arguments_by_keyword_only():
         checkpoint_sequential([lambda t: t * 2], 1, x, use_reentrant=x)
     with pytest.raises(TypeError, match=r"determinism_check must be one of .*got int"):
         checkpoint(lambda t: t * 2, x, determinism_check=1)
+    with pytest.raises(TypeError, match=r"functions must be a list of callables .*got function"):
+        checkpoint_sequential(lambda t: t * 2, 1, x)
+    with pytest.raises(TypeError, match=r"functions\[1\] is a int, not a callable"):
+        checkpoint_sequential([lambda t: t * 2, 3], 1, x)
 
 
 @pytest.mark.parametrize("early_stop", [True, False])

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygrad_ckpt import activations, cli, fit, memory, policies, step_memory
+from tinygrad_ckpt import activations, cli, fit, memory, policies, step_memory, tape
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.saved import op_flops
 from tinygrad_ckpt.schedules import revolve, segment_bounds
@@ -198,6 +198,9 @@ def traced_step(config, batch, seq_len, checkpointing):
     """(tracemalloc's peak over one step: every NumPy buffer and Python object made, the walk's prediction)."""
     trainer = trainer_for(config, batch, seq_len, checkpointing=checkpointing)
     gc.collect()
+    # The records' shared metadata (tape.shared) starts empty, as in a fresh process: filled by
+    # earlier tests, its growth inside the step (a dict resize) would differ from one run to the next.
+    tape._SHARED.clear()
     tracemalloc.start()
     try:
         trainer.train()

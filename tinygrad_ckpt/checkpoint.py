@@ -230,7 +230,13 @@ def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None
         raise TypeError(f"checkpoint_sequential: unknown keyword(s) {', '.join(sorted(unknown))}; it takes "
                         f"use_reentrant, policy, {', '.join(OPTIONS)}")
     options = check_options(use_reentrant, **options)
+    if callable(functions) or not hasattr(functions, "__iter__"):
+        raise TypeError(f"checkpoint_sequential: functions must be a list of callables (the layers in order), got "
+                        f"{type(functions).__name__}; for one function, use checkpoint(function, input)")
     functions = list(functions)
+    for i, f in enumerate(functions):
+        if not callable(f):
+            raise TypeError(f"checkpoint_sequential: functions[{i}] is a {type(f).__name__}, not a callable")
     return _run_segments(functions, segment_bounds(len(functions), segments), input, {**options, "policy": policy})
 
 

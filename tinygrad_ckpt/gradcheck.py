@@ -27,7 +27,7 @@ class GradcheckError(AssertionError):
     """Analytic and numerical gradients disagree; the message says where."""
 
 
-def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4, seed=0):
+def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-4, seed=0):
     """Check d fn(*inputs) / d input for every input that requires grad.
 
     fn returns a Tensor (any shape); it is reduced to a scalar by a fixed

@@ -109,7 +109,7 @@ def resolve(policy):
         return policy
     if isinstance(policy, str) and policy in BY_NAME:
         return BY_NAME[policy]
-    raise ValueError(
+    raise (ValueError if isinstance(policy, str) else TypeError)(
         f"unknown checkpoint policy {policy!r}: give a callable op name -> 'save'/'recompute'/'offload', "
         f"or one of {', '.join(sorted(BY_NAME))}"
     )

@@ -38,8 +38,11 @@ FLOP count (ops/flops.py).
 """
 
 import math
+import numbers
 import time
 from dataclasses import dataclass
+
+import numpy
 
 from . import backend, memory, tape
 from .ops.flops import op_flops
@@ -108,11 +111,13 @@ def segment_bounds(n, segments):
         segments = segments.segments
     if isinstance(segments, (list, tuple)) and segments and all(isinstance(s, tuple) and len(s) == 3 for s in segments):
         return _checked(segments, 0, n)
-    if segments == "sqrt":
-        segments = max(1, round(math.sqrt(n)))
-    elif segments == "every":
-        segments = n
-    if isinstance(segments, int) and not isinstance(segments, bool):
+    if isinstance(segments, str):
+        if segments not in ("sqrt", "every"):
+            raise ValueError(f"segments must be 'sqrt', 'every', an int, a list of boundaries or a Plan, "
+                             f"got {segments!r}")
+        segments = max(1, round(math.sqrt(n))) if segments == "sqrt" else n
+    if isinstance(segments, numbers.Integral) and not isinstance(segments, (bool, numpy.bool_)):
+        segments = int(segments)
         if n == 0:
             return []
         if not 1 <= segments <= n:
@@ -124,8 +129,8 @@ def segment_bounds(n, segments):
             bounds.append((start, stop, True))
             start = stop
         return bounds
-    if isinstance(segments, (list, tuple)) and all(isinstance(b, int) for b in segments):
-        cuts = list(segments)
+    if isinstance(segments, (list, tuple)) and all(isinstance(b, numbers.Integral) for b in segments):
+        cuts = [int(b) for b in segments]
         cuts = ([0] if not cuts or cuts[0] != 0 else []) + cuts
         cuts = cuts + ([n] if cuts[-1] != n else [])
         if any(b <= a for a, b in zip(cuts, cuts[1:])) or cuts[-1] != n:
