@@ -109,10 +109,6 @@ class saved_tensors_hooks:
     """
 
     def __init__(self, pack_hook, unpack_hook):
-        if not callable(pack_hook) or not callable(unpack_hook):
-            bad = "pack_hook" if not callable(pack_hook) else "unpack_hook"
-            raise TypeError(f"saved_tensors_hooks: {bad} must be callable, got "
-                            f"{type(pack_hook if bad == 'pack_hook' else unpack_hook).__name__}")
         self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
         self.depths = []  # one per __enter__ not yet exited (one object may be entered again, nested)
 
