@@ -5,5 +5,6 @@
     movement.py     reshape permute getitem split cat stack clone to-device
     matmul.py       batched matmul, linear
     nn.py           softmax log-softmax layer-norm cross-entropy dropout
+    axes.py         what an axis means (-1 is the last), checked once for every op
     flops.py        what each op costs: its forward FLOPs, from shapes
 """
