@@ -11,6 +11,7 @@ import numpy
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor
@@ -546,3 +547,98 @@ def test_gradcheck_catches_a_wrong_backward():
         assert "input 0" in str(e) and "index (0,)" in str(e)
     else:
         raise AssertionError("gradcheck accepted a wrong derivative")
+
+
+# -- edge values: 0, -0.0, +-inf, NaN, the edges of each domain, against PyTorch ----------
+# Values and gradients (of out.backward(ones)) must match PyTorch's, NaN matching NaN.
+# Drawn from the edges and from ordinary values, so an edge meets every neighbour.
+EDGES = [0.0, -0.0, numpy.inf, -numpy.inf, numpy.nan, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1e-300, 800.0, -800.0]
+
+
+def edge_arrays(shape):
+    return hnp.arrays(numpy.float64, shape, elements=st.one_of(st.sampled_from(EDGES), st.floats(-3, 3)))
+
+
+# name: (ours, PyTorch's); each takes its tensors (PyTorch's, the torch module first).
+UNARY_AT_EDGES = {
+    "neg": (lambda t: -t, lambda torch, t: -t),
+    "exp": (lambda t: t.exp(), lambda torch, t: t.exp()),
+    "log": (lambda t: t.log(), lambda torch, t: t.log()),
+    "sqrt": (lambda t: t.sqrt(), lambda torch, t: t.sqrt()),
+    "tanh": (lambda t: t.tanh(), lambda torch, t: t.tanh()),
+    "sigmoid": (lambda t: t.sigmoid(), lambda torch, t: t.sigmoid()),
+    "relu": (lambda t: t.relu(), lambda torch, t: t.relu()),
+    "gelu": (lambda t: t.gelu(), lambda torch, t: torch.nn.functional.gelu(t, approximate="tanh")),
+    "softmax": (lambda t: t.softmax(axis=-1), lambda torch, t: t.softmax(-1)),
+    "log_softmax": (lambda t: t.log_softmax(axis=0), lambda torch, t: t.log_softmax(0)),
+    "sum": (lambda t: t.sum(axis=-1), lambda torch, t: t.sum(-1)),
+    "mean": (lambda t: t.mean(), lambda torch, t: t.mean()),
+    "max": (lambda t: t.max(), lambda torch, t: t.max()),  # ties share the gradient; a NaN takes it
+    "max over an axis": (lambda t: t.max(axis=0), lambda torch, t: t.amax(0)),  # (no NaN: see reduce.Max)
+    **{f"x ** {p}": (lambda t, p=p: t**p, lambda torch, t, p=p: t**p) for p in [0, 1, 2, 3, 0.5, -0.5, -1, -1.5, -2, 2.5]},
+    **{f"{b} ** x": (lambda t, b=b: b**t, lambda torch, t, b=b: b**t) for b in [0.0, 1.0, 2.0, 0.5, -2.0]},
+}
+BINARY_AT_EDGES = {
+    "add": (lambda a, b: a + b, lambda torch, a, b: a + b), "sub": (lambda a, b: a - b, lambda torch, a, b: a - b),
+    "mul": (lambda a, b: a * b, lambda torch, a, b: a * b), "div": (lambda a, b: a / b, lambda torch, a, b: a / b),
+    "pow": (lambda a, b: a**b, lambda torch, a, b: a**b),
+    "where": (lambda a, b: F.where(numpy.asarray(numpy.arange(a.numel()).reshape(a.shape) % 2 == 0), a, b),
+              lambda torch, a, b: torch.where(torch.arange(a.numel()).reshape(a.shape) % 2 == 0, a, b)),
+}
+
+
+def _same(ours, theirs, what):
+    numpy.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=what)
+
+
+def _run_ours(fn, arrays):
+    inputs = [Tensor(a, requires_grad=True) for a in arrays]
+    with numpy.errstate(all="ignore"):
+        out = fn(*inputs)
+        out.backward(Tensor(numpy.ones(out.shape)))
+    return out.numpy(), [t.grad.numpy() for t in inputs]
+
+
+def _run_torch(torch, fn, arrays):
+    inputs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out = fn(torch, *inputs)
+    out.backward(torch.ones_like(out))
+    return out.detach().numpy(), [t.grad.numpy() for t in inputs]
+
+
+def _matches_pytorch(torch, ours_fn, torch_fn, arrays):
+    value, grads = _run_ours(ours_fn, arrays)
+    expected_value, expected_grads = _run_torch(torch, torch_fn, arrays)
+    _same(value, expected_value, f"values at {arrays}")
+    for i, (g, e) in enumerate(zip(grads, expected_grads)):
+        _same(g, e, f"gradient of input {i} at {arrays}")
+
+
+@pytest.mark.parametrize("name", list(UNARY_AT_EDGES))
+@given(x=st.sampled_from([(), (4,), (2, 3)]).flatmap(edge_arrays))
+@example(x=numpy.array(EDGES))
+def test_unary_ops_at_edge_values_match_pytorch(name, x):
+    torch = _torch()
+    if name == "max over an axis":
+        x = numpy.nan_to_num(x, nan=1.0)  # a NaN: torch.amax's gradient is NaN, ours goes to the NaN (reduce.Max)
+    ours, theirs = UNARY_AT_EDGES[name]
+    _matches_pytorch(torch, ours, theirs, [x])
+
+
+@pytest.mark.parametrize("name", list(BINARY_AT_EDGES))
+@given(ab=st.sampled_from([(), (5,), (2, 3)]).flatmap(lambda s: st.tuples(edge_arrays(s), edge_arrays(s))))
+@example(ab=(numpy.array(EDGES)[:, None] * numpy.ones(len(EDGES)), numpy.ones(len(EDGES))[:, None] * numpy.array(EDGES)))
+def test_binary_ops_at_edge_values_match_pytorch(name, ab):
+    torch = _torch()
+    ours, theirs = BINARY_AT_EDGES[name]
+    _matches_pytorch(torch, ours, theirs, list(ab))
+
+
+def test_zero_to_the_power_of_a_tensor_has_a_zero_gradient():
+    # The example: d(0 ** x)/dx is 0 for x > 0 (0 ** x is 0 there, flat), not 0 * log(0) = NaN.
+    x = Tensor(numpy.array([0.5, 1.0, 2.0, 0.0]), requires_grad=True)
+    (0**x).sum().backward()
+    numpy.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0, 0.0, 0.0])
+    y = Tensor(numpy.array([0.0, 2.0]), requires_grad=True)
+    (y**0).sum().backward()  # y ** 0 is 1 for every y, 0 included: flat
+    numpy.testing.assert_array_equal(y.grad.numpy(), [0.0, 0.0])

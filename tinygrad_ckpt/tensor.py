@@ -402,7 +402,7 @@ class Tensor:
         return elementwise.GELU.apply(self)
 
     def sqrt(self):
-        return elementwise.PowScalar.apply(self, exponent=0.5)
+        return elementwise.Sqrt.apply(self)
 
     def masked_fill(self, mask, value):
         """`value` where the boolean `mask` is True, self elsewhere."""

@@ -1,6 +1,6 @@
 """The differentiable ops, grouped by kind, one small class each:
 
-    elementwise.py  + - * / ** neg exp log tanh sigmoid relu gelu where cast
+    elementwise.py  + - * / ** neg sqrt exp log tanh sigmoid relu gelu where cast
     reduce.py       sum mean max
     movement.py     reshape permute getitem split cat stack clone to-device
     matmul.py       batched matmul, linear

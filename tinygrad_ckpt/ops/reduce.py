@@ -51,8 +51,11 @@ class Mean(Function):
 class Max(Function):
     """out = x.max(axes);  dx = g at the maxima, shared equally between ties.
 
-    Saves a boolean mask of where the maxima are (1 byte per element) and the
-    number of ties per reduced slice.
+    As torch.amax and torch.max() (no dim); torch.max(x, dim) gives all of
+    g to one of the ties instead. A NaN is the maximum of its slice, and the
+    gradient goes to the NaNs, as torch.max's does (torch.amax's is NaN).
+    Saves a boolean mask of where the maxima are (1 byte per element) and
+    the number of ties per reduced slice.
     """
 
     @staticmethod
@@ -62,6 +65,8 @@ class Max(Function):
             raise ValueError(f"max of an empty tensor of shape {tuple(x.shape)}")
         out = x.max(axis=ctx.axes, keepdims=True)
         is_max = x == out
+        if x.dtype.kind == "f":
+            is_max |= array_module(x).isnan(x)  # NaN != NaN, yet it is the max
         ctx.save_for_backward(is_max, is_max.sum(axis=ctx.axes, keepdims=True).astype(x.dtype))
         return out if keepdims else out.reshape([n for i, n in enumerate(x.shape) if i not in ctx.axes])
 
