@@ -230,3 +230,12 @@ def test_an_op_takes_exactly_the_axes_pytorch_takes(name, shape, axis):
         else:
             assert g.shape == tuple(e.shape)
             numpy.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-12)
+
+
+def test_cat_and_stack_of_no_tensors_say_so():
+    with pytest.raises(ValueError, match="cat: needs at least one tensor, got none"):
+        F.cat([])
+    with pytest.raises(ValueError, match="stack: needs at least one tensor, got none"):
+        F.stack([])
+    with pytest.raises(ValueError, match="cat: 0-d tensors cannot be concatenated"):
+        F.cat([Tensor(numpy.array(1.0)), Tensor(numpy.array(2.0))])

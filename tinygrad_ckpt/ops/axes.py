@@ -8,7 +8,9 @@ inverse of a permutation, the axes a gradient is broadcast back over.
 An axis out of range, or an axis given twice, is an error that names the
 op, the axis and the valid range, as PyTorch's "Dimension out of range
 (expected to be in range of [-2, 1], but got 2)" does. A 0-d tensor takes
-axis 0 or -1, as in PyTorch.
+axis 0 or -1, as in PyTorch. An empty tuple of axes reduces over none, as
+in NumPy (PyTorch's sum(dim=()) reduces over all, a quirk it keeps for
+backward compatibility).
 """
 
 import operator

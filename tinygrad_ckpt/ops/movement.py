@@ -157,6 +157,8 @@ class Cat(Function):
 
     @staticmethod
     def forward(ctx, *xs, axis=0):
+        if not xs:
+            raise ValueError("cat: needs at least one tensor, got none")
         if xs[0].ndim == 0:
             raise ValueError("cat: 0-d tensors cannot be concatenated (they have no axis); stack them instead")
         axis = ctx.axis = normalize_axis("cat", axis, xs[0].ndim)
@@ -184,6 +186,8 @@ class Stack(Function):
 
     @staticmethod
     def forward(ctx, *xs, axis=0):
+        if not xs:
+            raise ValueError("stack: needs at least one tensor, got none")
         axis = ctx.axis = normalize_axis("stack", axis, xs[0].ndim + 1)  # an axis of the result
         if len({tuple(x.shape) for x in xs}) > 1:
             shapes = ", ".join(str(tuple(x.shape)) for x in xs)
