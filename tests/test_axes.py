@@ -50,6 +50,7 @@ CASES = {  # name: (draw the axes, does the axis index the result (one more axis
     "mean": (some, 0, lambda t, a: t.mean(axis=a)),
     "max": (some, 0, lambda t, a: t.max(axis=a)),
     "max, keepdims": (one, 0, lambda t, a: t.max(axis=a[0], keepdims=True)),
+    "min": (some, 0, lambda t, a: t.min(axis=a)),
     "softmax": (one, 0, lambda t, a: t.softmax(axis=a[0])),
     "F.softmax": (one, 0, lambda t, a: F.softmax(t, axis=a[0])),
     "log_softmax": (one, 0, lambda t, a: t.log_softmax(axis=a[0])),
@@ -134,6 +135,7 @@ OUT_OF_RANGE = {  # on a (2, 3) tensor: op, call with an axis, valid range
     "sum": (lambda t, a: t.sum(axis=a), "[-2, 1]"),
     "mean": (lambda t, a: t.mean(axis=(0, a)), "[-2, 1]"),
     "max": (lambda t, a: t.max(axis=a), "[-2, 1]"),
+    "min": (lambda t, a: t.min(axis=a), "[-2, 1]"),
     "argmax": (lambda t, a: t.argmax(axis=a), "[-2, 1]"),
     "size": (lambda t, a: t.size(a), "[-2, 1]"),
     "softmax": (lambda t, a: F.softmax(t, axis=a), "[-2, 1]"),
@@ -186,6 +188,7 @@ def torch_and_ours(torch):
         "sum": (lambda t, a: t.sum(dim=a), lambda t, a: t.sum(axis=a)),
         "mean": (lambda t, a: t.mean(dim=a), lambda t, a: t.mean(axis=a)),
         "amax": (lambda t, a: torch.amax(t, dim=a), lambda t, a: t.max(axis=a)),
+        "amin": (lambda t, a: torch.amin(t, dim=a), lambda t, a: t.min(axis=a)),
         "softmax": (lambda t, a: torch.softmax(t, a), lambda t, a: t.softmax(axis=a)),
         "log_softmax": (lambda t, a: torch.log_softmax(t, a), lambda t, a: F.log_softmax(t, axis=a)),
         "transpose": (lambda t, a: t.transpose(0, a) if t.ndim else t.transpose(a, a), lambda t, a: t.transpose(0, a) if t.ndim else t.transpose(a, a)),
@@ -201,7 +204,7 @@ def torch_and_ours(torch):
     }
 
 
-OPS_WITH_TORCH = ["sum", "mean", "amax", "softmax", "log_softmax", "transpose", "permute", "split", "cat", "stack",
+OPS_WITH_TORCH = ["sum", "mean", "amax", "amin", "softmax", "log_softmax", "transpose", "permute", "split", "cat", "stack",
                   "unsqueeze", "squeeze", "argmax", "size"]
 
 

@@ -130,6 +130,12 @@ def test_relu(x):
     check_grad(lambda a: a.relu(), x)
 
 
+@given(shapes.flatmap(away_from_zero))  # abs has a kink at 0: stay away from it
+@example(SCALAR)
+def test_abs(x):
+    check_grad(lambda a: abs(a), x)
+
+
 @given(shapes.flatmap(lambda s: arrays(s, -4, 4)))
 @example(SCALAR)
 def test_gelu(x):
@@ -194,6 +200,14 @@ def test_max(case):
     perm, shape, axis, keepdims = case
     x = numpy.array(perm, dtype=numpy.float64).reshape(shape) / 3  # distinct values: no ties
     check_grad(lambda a: a.max(axis=axis, keepdims=keepdims), x)
+
+
+@given(shapes.flatmap(lambda s: st.tuples(st.permutations(range(int(numpy.prod(s)))), st.just(s), axes_for(s), st.booleans())))
+@example(([0], (), None, False))
+def test_min(case):
+    perm, shape, axis, keepdims = case
+    x = numpy.array(perm, dtype=numpy.float64).reshape(shape) / 3  # distinct values: no ties
+    check_grad(lambda a: a.min(axis=axis, keepdims=keepdims), x)
 
 
 def test_max_shares_gradient_between_ties():
@@ -575,6 +589,9 @@ UNARY_AT_EDGES = {
     "mean": (lambda t: t.mean(), lambda torch, t: t.mean()),
     "max": (lambda t: t.max(), lambda torch, t: t.max()),  # ties share the gradient; a NaN takes it
     "max over an axis": (lambda t: t.max(axis=0), lambda torch, t: t.amax(0)),  # (no NaN: see reduce.Max)
+    "min": (lambda t: t.min(), lambda torch, t: t.min()),
+    "min over an axis": (lambda t: t.min(axis=-1, keepdims=True), lambda torch, t: t.amin(-1, keepdim=True)),
+    "abs": (lambda t: abs(t), lambda torch, t: t.abs()),
     "layer_norm": (lambda t: F.layer_norm(t, t.shape[-1:]), lambda torch, t: torch.nn.functional.layer_norm(t, t.shape[-1:])),
     "cross_entropy": (lambda t: F.cross_entropy(t, _targets_for(t.shape)),
                       lambda torch, t: torch.nn.functional.cross_entropy(t, torch.tensor(_targets_for(t.shape)))),
@@ -632,7 +649,7 @@ def test_unary_ops_at_edge_values_match_pytorch(name, x):
     torch = _torch()
     if name in NEEDS_AN_AXIS and x.ndim == 0:
         return
-    if name == "max over an axis":
+    if name in ("max over an axis", "min over an axis"):
         x = numpy.nan_to_num(x, nan=1.0)  # a NaN: torch.amax's gradient is NaN, ours goes to the NaN (reduce.Max)
     ours, theirs = UNARY_AT_EDGES[name]
     _matches_pytorch(torch, ours, theirs, [x])

@@ -383,6 +383,11 @@ class Tensor:
     def __ge__(self, other):
         return Tensor(self._values("a comparison") >= _raw(other), device=self.device)
 
+    def abs(self):
+        return elementwise.Abs.apply(self)
+
+    __abs__ = abs
+
     def exp(self):
         return elementwise.Exp.apply(self)
 
@@ -418,6 +423,13 @@ class Tensor:
 
     def max(self, axis=None, keepdims=False):
         return reduce.Max.apply(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        """-max(-x): the gradient goes to the minima, shared between ties (reduce.Max)."""
+        axes = normalize_axes("min", axis, self.ndim)  # errors name min, not max
+        if self.numel() == 0:
+            raise ValueError(f"min of an empty tensor of shape {self.shape}")
+        return -reduce.Max.apply(-self, axis=axes, keepdims=keepdims)
 
     def argmax(self, axis=None):
         axis = None if axis is None else normalize_axis("argmax", axis, self.ndim)

@@ -1,7 +1,7 @@
 """The differentiable ops, grouped by kind, one small class each:
 
-    elementwise.py  + - * / ** neg sqrt exp log tanh sigmoid relu gelu where cast
-    reduce.py       sum mean max
+    elementwise.py  + - * / ** neg abs sqrt exp log tanh sigmoid relu gelu where cast
+    reduce.py       sum mean max (min is -max(-x): tensor.py)
     movement.py     reshape permute getitem split cat stack clone to-device
     matmul.py       batched matmul, linear
     nn.py           softmax log-softmax layer-norm cross-entropy dropout

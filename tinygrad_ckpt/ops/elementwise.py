@@ -204,6 +204,25 @@ class Neg(Function):
         return -g
 
 
+class Abs(Function):
+    """out = |x|;  dx = g * sign(x).  Saves x.
+
+    As PyTorch's: sign(0) = 0 (the middle of the kink's two slopes), and
+    sign(NaN) = 0 too, where NumPy's sign gives NaN.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return array_module(x).abs(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        xp = array_module(x)
+        return g * xp.where(x != x, x.dtype.type(0), xp.sign(x))
+
+
 class PowScalar(Function):
     """out = x ** p for a Python number p;  dx = g * p * x**(p-1), and 0 for p = 0.  Saves x.
 
