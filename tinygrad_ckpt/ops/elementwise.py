@@ -387,8 +387,8 @@ class GELU(Function):
         out *= x  # u = sqrt(2/pi) (x + 0.044715 x^3)
         xp.tanh(out, out=out)  # t
         out += 1
-        out *= x
-        out *= 0.5  # 0.5 x (1 + t)
+        out *= 0.5  # before x: 0.5 (1 + t) x stays finite for the largest x, (1 + t) x would overflow
+        out *= x  # 0.5 x (1 + t)
         return out
 
     @staticmethod
