@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.ops.axes import AxisError
+from tinygrad_ckpt.ops.flops import op_flops
 
 from .helpers import TORCH_SKIP
 from .strategies import arrays, nonscalar_shapes, shapes
@@ -126,6 +127,7 @@ def test_expand_keeps_an_axis_with_minus_one_and_sums_back():
     numpy.testing.assert_array_equal(x.grad.numpy(), numpy.full((3, 1), 8.0))
     with pytest.raises(ValueError, match=r"expand: a tensor of shape \(3, 1\) cannot be expanded to \(2, 3\)"):
         x.expand(2, 3)
+    assert out.grad_fn.name == "Expand" and op_flops("Expand", [(3, 1)], [(2, 3, 4)]) == 0  # a view: no arithmetic
 
 
 # -- errors: name the op, the axis and the valid range ---------------------------------------

@@ -1,9 +1,10 @@
 """Movement ops: reshape, permute, expand, indexing, splitting, concatenation, copies (clone, to a device).
 
 They move values without changing them, so each backward moves the gradient
-back the opposite way: reshape back, permute by the inverse permutation,
-sum over what expand repeated, scatter into zeros, split. None of them saves an array for backward except
-integer indices (an embedding lookup must remember which rows it read).
+back the opposite way: reshape back, permute by the inverse permutation, sum
+over what expand repeated, scatter into zeros, split. None of them saves an
+array for backward except integer indices (an embedding lookup must remember
+which rows it read).
 Forward results are views wherever NumPy gives one, so no memory is copied
 (except by clone, whose point is a copy).
 """
