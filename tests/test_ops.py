@@ -11,14 +11,13 @@ import numpy
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.gradcheck import GradcheckError, gradcheck
 
 from .helpers import TORCH_SKIP, check_grad
-from .strategies import arrays, away_from_zero, broadcast_pairs, shapes
+from .strategies import EDGES, arrays, away_from_zero, broadcast_pairs, edge_arrays, shapes
 
 
 def pair(draw_shapes, make=arrays, make_b=arrays):
@@ -565,15 +564,7 @@ def test_gradcheck_catches_a_wrong_backward():
 
 # -- edge values: 0, -0.0, +-inf, NaN, the edges of each domain, against PyTorch ----------
 # Values and gradients (of out.backward(ones)) must match PyTorch's, NaN matching NaN.
-# Drawn from the edges and from ordinary values, so an edge meets every neighbour.
-EDGES = [0.0, -0.0, numpy.inf, -numpy.inf, numpy.nan, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1e-300, 800.0, -800.0,
-         3e38, -3e38, 1e20, -1e-40]  # (near float32's largest, its overflow when squared, a float32 subnormal)
-
-
-def edge_arrays(shape):
-    return hnp.arrays(numpy.float64, shape, elements=st.one_of(st.sampled_from(EDGES), st.floats(-3, 3)))
-
-
+# Drawn from the edges and from ordinary values (edge_arrays), so an edge meets every neighbour.
 # name: (ours, PyTorch's); each takes its tensors (PyTorch's, the torch module first).
 UNARY_AT_EDGES = {
     "neg": (lambda t: -t, lambda torch, t: -t),
