@@ -46,7 +46,7 @@ from tinygrad_ckpt import backend  # noqa: E402
 from tinygrad_ckpt.testing import strict_cupy  # noqa: E402
 
 ENGINE_TESTS = {
-    "test_ops.py", "test_tape.py", "test_errors.py", "test_nn.py", "test_optim.py",
+    "test_ops.py", "test_axes.py", "test_tape.py", "test_errors.py", "test_nn.py", "test_optim.py",
     "test_accumulate.py", "test_checkpoint.py", "test_checkpoint_semantics.py", "test_saved.py", "test_memory.py",
     "test_autograd.py", "test_equivalence.py",
 }

@@ -90,5 +90,35 @@ def test_subtracting_bools_is_an_error_as_in_pytorch():
 def test_a_scalar_tensor_has_axis_0_and_minus_1_only():
     x = Tensor(numpy.array(2.0))
     assert x.sum(axis=0).item() == 2.0 and x.max(axis=-1).item() == 2.0
-    with pytest.raises(ValueError, match="axis 1 is out of range for a tensor with 0 dimensions"):
+    with pytest.raises(IndexError, match=r"sum: axis 1 is out of range \(expected to be in range of \[-1, 0\], but got 1\)"):
         x.sum(axis=1)
+
+
+@pytest.mark.parametrize("targets, error, message", [
+    ([1, 2], TypeError, r"cross_entropy: targets must be an integer array or Tensor of class indices, got a list; "
+                        r"pass numpy.array\(targets\)"),
+    ((1, 2), TypeError, r"got a tuple; pass numpy.array\(targets\)"),
+    (None, TypeError, r"got a NoneType; pass numpy.array\(targets\)"),
+    (numpy.array([1.0, 2.0]), TypeError, r"targets must be integers \(class indices\), got dtype float64; "
+                                         r"pass targets.astype\(numpy.int64\)"),
+    (Tensor(numpy.array([1.0, 2.0])), TypeError, r"got dtype float64; pass targets.astype"),
+    (numpy.array([0, 5]), ValueError, r"target 5 is out of range for 5 classes \(use 0..4, or -100"),
+    (numpy.array([-1, 0]), ValueError, r"target -1 is out of range for 5 classes"),
+    (Tensor(numpy.array([0, 9])), ValueError, r"target 9 is out of range for 5 classes"),
+])
+def test_cross_entropy_says_what_is_wrong_with_the_targets_in_one_line(targets, error, message):
+    with pytest.raises(error, match=message) as e:
+        F.cross_entropy(Tensor(numpy.ones((2, 5))), targets)
+    assert "\n" not in str(e.value)
+
+
+def test_cross_entropy_checks_the_range_of_one_numpy_integer_target():
+    with pytest.raises(ValueError, match="target 7 is out of range for 5 classes"):
+        F.cross_entropy(Tensor(numpy.ones(5)), numpy.int64(7))
+
+
+def test_cross_entropy_wants_tensor_logits_with_a_class_axis():
+    with pytest.raises(TypeError, match=r"cross_entropy: logits must be a Tensor, got a ndarray; wrap it"):
+        F.cross_entropy(numpy.ones((2, 5)), numpy.array([0, 1]))
+    with pytest.raises(ValueError, match="cross_entropy: logits must have an axis of classes, got a 0-d tensor"):
+        F.cross_entropy(Tensor(numpy.array(1.0)), numpy.array(0))

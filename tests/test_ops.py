@@ -17,7 +17,7 @@ from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.gradcheck import GradcheckError, gradcheck
 
 from .helpers import TORCH_SKIP, check_grad
-from .strategies import arrays, away_from_zero, broadcast_pairs, shapes
+from .strategies import EDGES, arrays, away_from_zero, broadcast_pairs, edge_arrays, shapes
 
 
 def pair(draw_shapes, make=arrays, make_b=arrays):
@@ -129,6 +129,12 @@ def test_relu(x):
     check_grad(lambda a: a.relu(), x)
 
 
+@given(shapes.flatmap(away_from_zero))  # abs has a kink at 0: stay away from it
+@example(SCALAR)
+def test_abs(x):
+    check_grad(lambda a: abs(a), x)
+
+
 @given(shapes.flatmap(lambda s: arrays(s, -4, 4)))
 @example(SCALAR)
 def test_gelu(x):
@@ -193,6 +199,14 @@ def test_max(case):
     perm, shape, axis, keepdims = case
     x = numpy.array(perm, dtype=numpy.float64).reshape(shape) / 3  # distinct values: no ties
     check_grad(lambda a: a.max(axis=axis, keepdims=keepdims), x)
+
+
+@given(shapes.flatmap(lambda s: st.tuples(st.permutations(range(int(numpy.prod(s)))), st.just(s), axes_for(s), st.booleans())))
+@example(([0], (), None, False))
+def test_min(case):
+    perm, shape, axis, keepdims = case
+    x = numpy.array(perm, dtype=numpy.float64).reshape(shape) / 3  # distinct values: no ties
+    check_grad(lambda a: a.min(axis=axis, keepdims=keepdims), x)
 
 
 def test_max_shares_gradient_between_ties():
@@ -546,3 +560,121 @@ def test_gradcheck_catches_a_wrong_backward():
         assert "input 0" in str(e) and "index (0,)" in str(e)
     else:
         raise AssertionError("gradcheck accepted a wrong derivative")
+
+
+# -- edge values: 0, -0.0, +-inf, NaN, the edges of each domain, against PyTorch ----------
+# Values and gradients (of out.backward(ones)) must match PyTorch's, NaN matching NaN.
+# Drawn from the edges and from ordinary values (edge_arrays), so an edge meets every neighbour.
+# name: (ours, PyTorch's); each takes its tensors (PyTorch's, the torch module first).
+UNARY_AT_EDGES = {
+    "neg": (lambda t: -t, lambda torch, t: -t),
+    "exp": (lambda t: t.exp(), lambda torch, t: t.exp()),
+    "log": (lambda t: t.log(), lambda torch, t: t.log()),
+    "sqrt": (lambda t: t.sqrt(), lambda torch, t: t.sqrt()),
+    "tanh": (lambda t: t.tanh(), lambda torch, t: t.tanh()),
+    "sigmoid": (lambda t: t.sigmoid(), lambda torch, t: t.sigmoid()),
+    "relu": (lambda t: t.relu(), lambda torch, t: t.relu()),
+    "gelu": (lambda t: t.gelu(), lambda torch, t: torch.nn.functional.gelu(t, approximate="tanh")),
+    "softmax": (lambda t: t.softmax(axis=-1), lambda torch, t: t.softmax(-1)),
+    "log_softmax": (lambda t: t.log_softmax(axis=0), lambda torch, t: t.log_softmax(0)),
+    "sum": (lambda t: t.sum(axis=-1), lambda torch, t: t.sum(-1)),
+    "mean": (lambda t: t.mean(), lambda torch, t: t.mean()),
+    "max": (lambda t: t.max(), lambda torch, t: t.max()),  # ties share the gradient; a NaN takes it
+    "max over an axis": (lambda t: t.max(axis=0), lambda torch, t: t.amax(0)),  # (no NaN: see reduce.Max)
+    "min": (lambda t: t.min(), lambda torch, t: t.min()),
+    "min over an axis": (lambda t: t.min(axis=-1, keepdims=True), lambda torch, t: t.amin(-1, keepdim=True)),
+    "abs": (lambda t: abs(t), lambda torch, t: t.abs()),
+    "layer_norm": (lambda t: F.layer_norm(t, t.shape[-1:]), lambda torch, t: torch.nn.functional.layer_norm(t, t.shape[-1:])),
+    "cross_entropy": (lambda t: F.cross_entropy(t, _targets_for(t.shape)),
+                      lambda torch, t: torch.nn.functional.cross_entropy(t, torch.tensor(_targets_for(t.shape)))),
+    **{f"x ** {p}": (lambda t, p=p: t**p, lambda torch, t, p=p: t**p) for p in [0, 1, 2, 3, 0.5, -0.5, -1, -1.5, -2, 2.5]},
+    **{f"{b} ** x": (lambda t, b=b: b**t, lambda torch, t, b=b: b**t) for b in [0.0, 1.0, 2.0, 0.5, -2.0]},
+}
+NEEDS_AN_AXIS = {"layer_norm", "cross_entropy"}
+# Sums of huge values of both signs cancel to what the order of the additions makes them (NumPy's pairwise
+# sum and PyTorch's vectorised one differ), and layer norm's variance overflows float32: they draw no huge
+# finite values (infinities they do).
+SUMS = {"sum", "mean", "layer_norm"}
+
+
+def _targets_for(shape):
+    """Class indices for logits of `shape` (..., C): 0, 1, 2, ... wrapping at C."""
+    return numpy.arange(int(numpy.prod(shape[:-1]))).reshape(shape[:-1]) % shape[-1]
+
+
+BINARY_AT_EDGES = {
+    "add": (lambda a, b: a + b, lambda torch, a, b: a + b), "sub": (lambda a, b: a - b, lambda torch, a, b: a - b),
+    "mul": (lambda a, b: a * b, lambda torch, a, b: a * b), "div": (lambda a, b: a / b, lambda torch, a, b: a / b),
+    "pow": (lambda a, b: a**b, lambda torch, a, b: a**b),
+    "where": (lambda a, b: F.where(numpy.asarray(numpy.arange(a.numel()).reshape(a.shape) % 2 == 0), a, b),
+              lambda torch, a, b: torch.where(torch.arange(a.numel()).reshape(a.shape) % 2 == 0, a, b)),
+}
+
+
+def _same(ours, theirs, what):
+    # float32: rounding apart (1 + tanh(u) cancels in GELU's left tail), not a different value
+    rtol, atol = (1e-9, 1e-12) if ours.dtype == numpy.float64 else (1e-4, 1e-6)
+    numpy.testing.assert_allclose(ours, theirs, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+
+
+def _run_ours(fn, arrays):
+    inputs = [Tensor(a, requires_grad=True) for a in arrays]
+    with numpy.errstate(all="ignore"):
+        out = fn(*inputs)
+        out.backward(Tensor(numpy.ones(out.shape, dtype=out.dtype)))
+    return out.numpy(), [t.grad.numpy() for t in inputs]
+
+
+def _run_torch(torch, fn, arrays):
+    inputs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out = fn(torch, *inputs)
+    out.backward(torch.ones_like(out))
+    return out.detach().numpy(), [t.grad.numpy() for t in inputs]
+
+
+def _matches_pytorch(torch, ours_fn, torch_fn, arrays, dtype):
+    with numpy.errstate(over="ignore", under="ignore"):
+        arrays = [a.astype(dtype) for a in arrays]
+    value, grads = _run_ours(ours_fn, arrays)
+    expected_value, expected_grads = _run_torch(torch, torch_fn, arrays)
+    _same(value, expected_value, f"values at {arrays}")
+    for i, (g, e) in enumerate(zip(grads, expected_grads)):
+        _same(g, e, f"gradient of input {i} at {arrays}")
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32])
+@pytest.mark.parametrize("name", list(UNARY_AT_EDGES))
+@given(x=st.sampled_from([(), (4,), (2, 3)]).flatmap(edge_arrays))
+@example(x=numpy.array(EDGES))
+def test_unary_ops_at_edge_values_match_pytorch(name, dtype, x):
+    torch = _torch()
+    if name in NEEDS_AN_AXIS and x.ndim == 0:
+        return
+    if name in SUMS:
+        x = numpy.where(numpy.isfinite(x) & (abs(x) >= 1e20), 2.0, x)
+    if name == "layer_norm" and dtype == numpy.float32:
+        return  # float32 rounding times 1 / std can be any size: float64 only
+    if name in ("max over an axis", "min over an axis"):
+        x = numpy.nan_to_num(x, nan=1.0)  # a NaN: torch.amax's gradient is NaN, ours goes to the NaN (reduce.Max)
+    ours, theirs = UNARY_AT_EDGES[name]
+    _matches_pytorch(torch, ours, theirs, [x], dtype)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32])
+@pytest.mark.parametrize("name", list(BINARY_AT_EDGES))
+@given(ab=st.sampled_from([(), (5,), (2, 3)]).flatmap(lambda s: st.tuples(edge_arrays(s), edge_arrays(s))))
+@example(ab=(numpy.array(EDGES)[:, None] * numpy.ones(len(EDGES)), numpy.ones(len(EDGES))[:, None] * numpy.array(EDGES)))
+def test_binary_ops_at_edge_values_match_pytorch(name, dtype, ab):
+    torch = _torch()
+    ours, theirs = BINARY_AT_EDGES[name]
+    _matches_pytorch(torch, ours, theirs, list(ab), dtype)
+
+
+def test_zero_to_the_power_of_a_tensor_has_a_zero_gradient():
+    # The issue's example: d(0 ** x)/dx is 0 for x > 0 (0 ** x is 0 there, flat), not 0 * log(0) = NaN.
+    x = Tensor(numpy.array([0.5, 1.0, 2.0, 0.0]), requires_grad=True)
+    (0**x).sum().backward()
+    numpy.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0, 0.0, 0.0])
+    y = Tensor(numpy.array([0.0, 2.0]), requires_grad=True)
+    (y**0).sum().backward()  # y ** 0 is 1 for every y, 0 included: flat
+    numpy.testing.assert_array_equal(y.grad.numpy(), [0.0, 0.0])

@@ -129,6 +129,24 @@ def test_budget_below_the_minimum_states_the_minimum(nested):
         plan_checkpoints(costs, least - 1, nested)
 
 
+@pytest.mark.parametrize("budget", ["1GB", None, [1024], True, numpy.array([4096])])
+def test_a_budget_that_is_not_a_number_of_bytes_is_a_type_error_in_one_line(budget):
+    costs = [LayerCost("layer", 1024, 2048, True, 1024)] * 4
+    with pytest.raises(TypeError, match=r"plan_checkpoints: budget must be a number of bytes, got .*; pass an int, "
+                                        r"e.g. 2 \* 1024\*\*3 for 2 GiB") as e:
+        plan_checkpoints(costs, budget)
+    assert "\n" not in str(e.value)
+
+
+def test_a_nan_budget_is_a_value_error_and_numpy_numbers_are_budgets():
+    costs = [LayerCost("layer", 1024, 2048, True, 1024)] * 4
+    with pytest.raises(ValueError, match="plan_checkpoints: budget is NaN"):
+        plan_checkpoints(costs, float("nan"))
+    least = minimum_budget(costs)
+    assert plan_checkpoints(costs, numpy.int64(least)) == plan_checkpoints(costs, float(least)) == plan_checkpoints(costs, least)
+    assert plan_checkpoints(costs, math.inf) == plan_checkpoints(costs, 10**12)
+
+
 def test_uniform_chain_at_the_minimum_budget_beats_sqrt_with_shrinking_segments():
     # When segment j is recomputed, every earlier checkpoint is still held, so
     # later segments must be shorter: lengths k, k-1, ..., 1 (each twice here,

@@ -62,10 +62,22 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
     Targets equal to `ignore_index` (padding) do not count, in the sum or in
     the mean's denominator. With every target ignored, the mean is NaN
     (0 / 0) and the sum 0, and the gradient is zero either way, as in PyTorch.
+    Targets that are not an integer array or Tensor (a list, floats) are a
+    TypeError; a target out of 0..C-1 is a ValueError (checked on the host).
     """
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"cross_entropy: logits must be a Tensor, got a {type(logits).__name__}; wrap it: Tensor(logits)")
+    if logits.ndim == 0:
+        raise ValueError("cross_entropy: logits must have an axis of classes, got a 0-d tensor")
     targets = targets.data if isinstance(targets, Tensor) else targets
+    if isinstance(targets, numpy.generic):  # one NumPy integer: an array, so its range is checked
+        targets = numpy.asarray(targets)
+    if not hasattr(targets, "dtype"):
+        raise TypeError(f"cross_entropy: targets must be an integer array or Tensor of class indices, got a "
+                        f"{type(targets).__name__}; pass numpy.array(targets)")
     if targets.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}")
+        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}; "
+                        "pass targets.astype(numpy.int64) (class probabilities as targets are not supported)")
     if tuple(targets.shape) != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {logits.shape}")
     if isinstance(targets, numpy.ndarray):

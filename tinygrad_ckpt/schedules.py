@@ -312,8 +312,14 @@ def plan_checkpoints(costs, budget, nested=True, after_bytes=0):
     the model saves behind the chain (see `predict`); it counts against the
     budget at the end of the forward, so a plan that stores the last layers
     may lose to one that checkpoints them. A budget below the smallest
-    reachable peak is a ValueError that states the minimum.
+    reachable peak is a ValueError that states the minimum; a budget that
+    is not a number of bytes is a TypeError.
     """
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise TypeError(f"plan_checkpoints: budget must be a number of bytes, got {budget!r} "
+                        f"({type(budget).__name__}); pass an int, e.g. 2 * 1024**3 for 2 GiB")
+    if math.isnan(budget):
+        raise ValueError("plan_checkpoints: budget is NaN; pass a number of bytes, e.g. 2 * 1024**3 for 2 GiB")
     if not costs:
         return Plan([], after_bytes, 0.0)
     candidates = []

@@ -38,6 +38,7 @@ import numpy
 
 from . import backend, memory, tape
 from .ops import elementwise, matmul, movement, nn, reduce
+from .ops.axes import normalize_axes, normalize_axis
 
 _FLOAT_DEFAULT = numpy.float32
 
@@ -118,7 +119,9 @@ class Tensor:
         return self._version_counter.value
 
     def size(self, dim=None):
-        return self.shape if dim is None else self.shape[dim]
+        if dim is not None and self.ndim == 0:
+            raise IndexError(f"size: a 0-d tensor has no axis {dim}")
+        return self.shape if dim is None else self.shape[normalize_axis("size", dim, self.ndim)]
 
     def numel(self):
         return int(self.data.size)
@@ -380,6 +383,11 @@ class Tensor:
     def __ge__(self, other):
         return Tensor(self._values("a comparison") >= _raw(other), device=self.device)
 
+    def abs(self):
+        return elementwise.Abs.apply(self)
+
+    __abs__ = abs
+
     def exp(self):
         return elementwise.Exp.apply(self)
 
@@ -399,7 +407,7 @@ class Tensor:
         return elementwise.GELU.apply(self)
 
     def sqrt(self):
-        return elementwise.PowScalar.apply(self, exponent=0.5)
+        return elementwise.Sqrt.apply(self)
 
     def masked_fill(self, mask, value):
         """`value` where the boolean `mask` is True, self elsewhere."""
@@ -416,7 +424,15 @@ class Tensor:
     def max(self, axis=None, keepdims=False):
         return reduce.Max.apply(self, axis=axis, keepdims=keepdims)
 
+    def min(self, axis=None, keepdims=False):
+        """-max(-x): the gradient goes to the minima, shared between ties (reduce.Max)."""
+        axes = normalize_axes("min", axis, self.ndim)  # errors name min, not max
+        if self.numel() == 0:
+            raise ValueError(f"min of an empty tensor of shape {self.shape}")
+        return -reduce.Max.apply(-self, axis=axes, keepdims=keepdims)
+
     def argmax(self, axis=None):
+        axis = None if axis is None else normalize_axis("argmax", axis, self.ndim)
         return Tensor(self._values("argmax()").argmax(axis=axis), device=self.device)
 
     def softmax(self, axis=-1):
@@ -437,9 +453,26 @@ class Tensor:
         return movement.Permute.apply(self, axes=tuple(axes))
 
     def transpose(self, dim0=-2, dim1=-1):
+        dim0, dim1 = normalize_axis("transpose", dim0, self.ndim), normalize_axis("transpose", dim1, self.ndim)
         axes = list(range(self.ndim))
-        axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
+        if axes:  # a 0-d tensor: transpose(0, -1) is itself, as in PyTorch
+            axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
         return movement.Permute.apply(self, axes=tuple(axes))
+
+    def unsqueeze(self, dim):
+        """A new axis of size 1 at dim, an axis of the result (-1: last)."""
+        dim = normalize_axis("unsqueeze", dim, self.ndim + 1)
+        return movement.Reshape.apply(self, shape=self.shape[:dim] + (1,) + self.shape[dim:])
+
+    def squeeze(self, dim=None):
+        """Without the axes of size 1 (all of them, or those among dim; others are kept, as in PyTorch)."""
+        dims = normalize_axes("squeeze", dim, self.ndim)
+        return movement.Reshape.apply(self, shape=tuple(n for i, n in enumerate(self.shape) if n != 1 or i not in dims))
+
+    def expand(self, *shape):
+        """A view repeated along axes of size 1 to `shape` (-1 keeps an axis), as in PyTorch."""
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return movement.Expand.apply(self, shape=tuple(shape))
 
     @property
     def T(self):
@@ -451,6 +484,9 @@ class Tensor:
     def split(self, split_size_or_sections, dim=0):
         """Views of consecutive pieces along dim, as in PyTorch: pieces of split_size_or_sections
         (the last one smaller if it does not divide), or of each size in a list. One record for all."""
+        if self.ndim == 0:
+            raise ValueError("split: a 0-d tensor has no axis to split")
+        dim = normalize_axis("split", dim, self.ndim)
         n = self.shape[dim]
         if isinstance(split_size_or_sections, int):
             if split_size_or_sections < 1:

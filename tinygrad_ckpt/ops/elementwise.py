@@ -88,7 +88,11 @@ class Mul(Function):
 
 
 class Div(Function):
-    """out = a / b;  da = g / b, db = -g * a / b**2.  Saves a and b."""
+    """out = a / b;  da = g / b, db = -g * (a / b) / b.  Saves a and b.
+
+    (a / b) / b, not a / b**2, as PyTorch: b**2 would overflow (or vanish)
+    where a / b / b is still a number.
+    """
 
     @staticmethod
     def forward(ctx, a, b):
@@ -103,12 +107,20 @@ class Div(Function):
         sa, sb = ctx.shapes
         need_a, need_b = ctx.needs_input_grad
         da = unbroadcast(g / b, sa) if need_a else None
-        db = unbroadcast(-g * a / (b * b), sb) if need_b else None
+        db = unbroadcast(-g * (a / b / b), sb) if need_b else None
         return da, db
 
 
 class Pow(Function):
-    """out = a ** b;  da = g * b * a**(b-1), db = g * out * log(a).  Saves a, b, out."""
+    """out = a ** b;  da = g * b * a**(b-1), db = g * out * log(a).  Saves a, b, out.
+
+    As PyTorch (pow_backward_self, pow_backward_exponent), two limits the
+    formulas miss: da = 0 where b == 0 (a**0 is 1 for every a, 0 included,
+    where b * a**(b-1) would be 0 * inf), and db = 0 where a == 0 and b >= 0
+    (0**b is 0 or 1 there, flat in b, where out * log(a) would be 0 * -inf):
+    `0 ** x` has a gradient of 0, not NaN. The masked-out values may divide
+    by zero; no warning is given for values that are thrown away.
+    """
 
     @staticmethod
     def forward(ctx, a, b):
@@ -124,8 +136,10 @@ class Pow(Function):
         sa, sb = ctx.shapes
         xp = array_module(a)
         need_a, need_b = ctx.needs_input_grad
-        da = unbroadcast(g * b * a ** (b - 1), sa) if need_a else None
-        db = unbroadcast(g * out * xp.log(a), sb) if need_b else None
+        zero = g.dtype.type(0)
+        with numpy.errstate(divide="ignore", invalid="ignore"):
+            da = unbroadcast(xp.where(b == 0, zero, g * b * a ** (b - 1)), sa) if need_a else None
+            db = unbroadcast(g * xp.where((a == 0) & (b >= 0), zero, out * xp.log(a)), sb) if need_b else None
         return da, db
 
 
@@ -181,22 +195,73 @@ class Neg(Function):
         return -g
 
 
+class Abs(Function):
+    """out = |x|;  dx = g * sign(x).  Saves x.
+
+    As PyTorch's: sign(0) = 0 (the middle of the kink's two slopes), and
+    sign(NaN) = 0 too, where NumPy's sign gives NaN.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return array_module(x).abs(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        xp = array_module(x)
+        return g * xp.where(x != x, x.dtype.type(0), xp.sign(x))
+
+
 class PowScalar(Function):
-    """out = x ** p for a Python number p;  dx = g * p * x**(p-1).  Saves x."""
+    """out = x ** p for a Python number p;  dx = g * p * x**(p-1), and 0 for p = 0.  Saves x.
+
+    p = 0: x**0 is 1 everywhere, so dx is 0, also at x = 0 where the formula
+    gives 0 * inf = NaN (PyTorch's pow_backward says the same). x**-0.5 is
+    1 / sqrt(x), as PyTorch computes it (its rsqrt): IEEE pow differs at -0.0
+    and -inf, and x**-0.5 is what the gradient of x**0.5 reads.
+    """
 
     @staticmethod
     def forward(ctx, x, exponent):
         ctx.exponent = exponent
         ctx.save_for_backward(x)
-        return x**exponent
+        return _power(x, exponent)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
         p = ctx.exponent
+        if p == 0:
+            return array_module(g).zeros_like(g)
         if p == 2:
             return g * 2 * x
-        return g * (p * x ** (p - 1))
+        return g * (p * _power(x, p - 1))
+
+
+def _power(x, p):
+    """x ** p, with x ** -0.5 as 1 / sqrt(x) (see PowScalar)."""
+    return 1 / array_module(x).sqrt(x) if p == -0.5 else x**p
+
+
+class Sqrt(Function):
+    """out = sqrt(x);  dx = g / (2 * out).  Saves out.
+
+    Not x ** 0.5: IEEE pow gives sqrt(-inf) as +inf, sqrt gives NaN, as
+    PyTorch's sqrt does. At 0, dx is inf (the slope of sqrt there).
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        out = array_module(x).sqrt(x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_arrays
+        return g / (2 * out)
 
 
 class Exp(Function):
@@ -261,18 +326,23 @@ class Sigmoid(Function):
 
 
 class ReLU(Function):
-    """out = max(x, 0);  dx = g where x > 0.  Saves the sign as a boolean mask (1 byte per element)."""
+    """out = max(x, 0);  dx = g where x > 0, 0 where x <= 0.  Saves x <= 0 as a boolean mask (1 byte per element).
+
+    Picked with `where`, not multiplied by the mask: -inf * 0 would be NaN.
+    At x = 0 the gradient is 0, and a NaN passes through with gradient g,
+    as in PyTorch.
+    """
 
     @staticmethod
     def forward(ctx, x):
-        positive = x > 0
-        ctx.save_for_backward(positive)
-        return x * positive
+        off = x <= 0
+        ctx.save_for_backward(off)
+        return array_module(x).where(off, x.dtype.type(0), x)
 
     @staticmethod
     def backward(ctx, g):
-        (positive,) = ctx.saved_arrays
-        return g * positive
+        (off,) = ctx.saved_arrays
+        return array_module(g).where(off, g.dtype.type(0), g)
 
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -308,8 +378,8 @@ class GELU(Function):
         out *= x  # u = sqrt(2/pi) (x + 0.044715 x^3)
         xp.tanh(out, out=out)  # t
         out += 1
-        out *= x
-        out *= 0.5  # 0.5 x (1 + t)
+        out *= 0.5  # before x: 0.5 (1 + t) x stays finite for the largest x, (1 + t) x would overflow
+        out *= x  # 0.5 x (1 + t)
         return out
 
     @staticmethod

@@ -26,12 +26,12 @@ memory an op keeps (function.py's save_for_backward counts it).
 #   LogSoftmax  max, subtract, exp, sum, subtract      (per input element) -> 5
 #   CrossEntropy as LogSoftmax on the logits                               -> 5
 #   LayerNorm   mean, subtract, square, mean, *rstd, *weight, +bias        -> 7
-# Movement ops (Reshape, Permute, GetItem, Split, Cat, Stack, ToDevice) copy or
+# Movement ops (Reshape, Permute, Expand, GetItem, Split, Cat, Stack, ToDevice) copy or
 # view memory and count 0; reductions count one FLOP per input element. A
 # Checkpoint record counts 0: the ops of its segment are counted themselves.
 PER_ELEMENT = {"GELU": 9, "Dropout": 2}
 PER_INPUT_ELEMENT = {"Softmax": 5, "LogSoftmax": 5, "CrossEntropy": 5, "LayerNorm": 7, "Sum": 1, "Mean": 1, "Max": 1}
-MOVEMENT = {"Reshape", "Permute", "GetItem", "Split", "Cat", "Stack", "ToDevice", "Checkpoint"}
+MOVEMENT = {"Reshape", "Permute", "Expand", "GetItem", "Split", "Cat", "Stack", "ToDevice", "Checkpoint"}
 
 
 def _size(shape):

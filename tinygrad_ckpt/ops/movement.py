@@ -1,9 +1,10 @@
-"""Movement ops: reshape, permute, indexing, splitting, concatenation, copies (clone, to a device).
+"""Movement ops: reshape, permute, expand, indexing, splitting, concatenation, copies (clone, to a device).
 
 They move values without changing them, so each backward moves the gradient
-back the opposite way: reshape back, permute by the inverse permutation,
-scatter into zeros, split. None of them saves an array for backward except
-integer indices (an embedding lookup must remember which rows it read).
+back the opposite way: reshape back, permute by the inverse permutation, sum
+over what expand repeated, scatter into zeros, split. None of them saves an
+array for backward except integer indices (an embedding lookup must remember
+which rows it read).
 Forward results are views wherever NumPy gives one, so no memory is copied
 (except by clone, whose point is a copy).
 """
@@ -13,14 +14,23 @@ import numpy
 from .. import backend
 from ..backend import array_module
 from ..function import Function
+from .axes import normalize_axis, normalize_permutation
+from .elementwise import unbroadcast
 
 
 class Reshape(Function):
-    """out = x.reshape(shape);  dx = g.reshape(x.shape).  Saves nothing."""
+    """out = x.reshape(shape);  dx = g.reshape(x.shape).  Saves nothing.
+
+    One size in `shape` may be -1: whatever makes the element count match,
+    as in PyTorch (NumPy would take any negative size so).
+    """
 
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
+        if any(n < -1 for n in shape) or shape.count(-1) > 1:
+            raise ValueError(f"reshape: {tuple(shape)} is not a shape: sizes are >= 0, and one at most may be -1 "
+                             "(inferred from the others)")
         try:
             return x.reshape(shape)
         except ValueError:
@@ -35,18 +45,45 @@ class Reshape(Function):
 
 
 class Permute(Function):
-    """out = x.transpose(axes);  dx = g.transpose(inverse of axes).  Saves nothing."""
+    """out = x.transpose(axes);  dx = g.transpose(inverse of axes).  Saves nothing.
+
+    The inverse is argsort(axes), which holds for axes in [0, ndim) only:
+    forward normalises them first (-1 -> ndim - 1).
+    """
 
     @staticmethod
     def forward(ctx, x, axes):
-        if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
-            raise ValueError(f"permute: {axes} is not a permutation of the {x.ndim} axes of shape {tuple(x.shape)}")
-        ctx.axes = axes
-        return x.transpose(axes)
+        ctx.axes = normalize_permutation("permute", axes, x.ndim)
+        return x.transpose(ctx.axes)
 
     @staticmethod
     def backward(ctx, g):
         return g.transpose(tuple(int(a) for a in numpy.argsort(ctx.axes)))  # Python ints, as CuPy wants
+
+
+class Expand(Function):
+    """out = x repeated along its axes of size 1 (and new leading axes) to `shape`, a view;
+    dx = g summed back over them (unbroadcast).  Saves nothing.
+
+    As PyTorch's expand: -1 keeps an axis's size; only axes of size 1 grow.
+    """
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.shape = x.shape
+        extra = len(shape) - x.ndim  # new leading axes
+        if extra < 0:
+            raise ValueError(f"expand: {tuple(shape)} has fewer axes than the tensor's shape {tuple(x.shape)}")
+        shape = tuple(x.shape[i - extra] if n == -1 and i >= extra else n for i, n in enumerate(shape))
+        try:
+            return array_module(x).broadcast_to(x, shape)
+        except ValueError:
+            raise ValueError(f"expand: a tensor of shape {tuple(x.shape)} cannot be expanded to {shape}: "
+                             "only axes of size 1 grow (-1 keeps an axis, and is not allowed for a new one)") from None
+
+    @staticmethod
+    def backward(ctx, g):
+        return unbroadcast(g, ctx.shape)
 
 
 def _is_basic(index):
@@ -100,7 +137,7 @@ class Split(Function):
 
     @staticmethod
     def forward(ctx, x, sizes, axis=0):
-        axis = axis % max(x.ndim, 1)
+        axis = normalize_axis("split", axis, x.ndim)
         if sum(sizes) != x.shape[axis] or min(sizes, default=0) < 0:
             raise ValueError(f"split: sizes {list(sizes)} do not add up to {x.shape[axis]}, "
                              f"axis {axis} of the tensor of shape {tuple(x.shape)}")
@@ -121,13 +158,18 @@ class Cat(Function):
 
     @staticmethod
     def forward(ctx, *xs, axis=0):
-        ctx.axis = axis
-        ctx.sizes = [x.shape[axis] for x in xs]
+        if not xs:
+            raise ValueError("cat: needs at least one tensor, got none")
+        if xs[0].ndim == 0:
+            raise ValueError("cat: 0-d tensors cannot be concatenated (they have no axis); stack them instead")
+        axis = ctx.axis = normalize_axis("cat", axis, xs[0].ndim)
         try:
-            return array_module(*xs).concatenate(xs, axis=axis)
+            out = array_module(*xs).concatenate(xs, axis=axis)
         except ValueError:
             shapes = ", ".join(str(tuple(x.shape)) for x in xs)
             raise ValueError(f"cat: shapes {shapes} differ outside axis {axis}") from None
+        ctx.sizes = [x.shape[axis] for x in xs]
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -145,7 +187,9 @@ class Stack(Function):
 
     @staticmethod
     def forward(ctx, *xs, axis=0):
-        ctx.axis, ctx.n = axis, len(xs)
+        if not xs:
+            raise ValueError("stack: needs at least one tensor, got none")
+        axis = ctx.axis = normalize_axis("stack", axis, xs[0].ndim + 1)  # an axis of the result
         if len({tuple(x.shape) for x in xs}) > 1:
             shapes = ", ".join(str(tuple(x.shape)) for x in xs)
             raise ValueError(f"stack: all tensors need the same shape, got {shapes}")
@@ -153,8 +197,7 @@ class Stack(Function):
 
     @staticmethod
     def backward(ctx, g):
-        axis = ctx.axis % g.ndim
-        return tuple(g[(slice(None),) * axis + (i,)] if need else None for i, need in enumerate(ctx.needs_input_grad))
+        return tuple(g[(slice(None),) * ctx.axis + (i,)] if need else None for i, need in enumerate(ctx.needs_input_grad))
 
 
 class Clone(Function):

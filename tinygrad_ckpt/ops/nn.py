@@ -11,6 +11,7 @@ import numpy
 
 from ..backend import array_module, as_array, device_of
 from ..function import Function
+from .axes import normalize_axis
 
 
 class Softmax(Function):
@@ -22,7 +23,7 @@ class Softmax(Function):
     @staticmethod
     def forward(ctx, x, axis=-1):
         xp = array_module(x)
-        ctx.axis = axis
+        axis = ctx.axis = normalize_axis("softmax", axis, x.ndim)
         out = as_array(x - x.max(axis=axis, keepdims=True))  # minus the max: exp cannot overflow
         xp.exp(out, out=out)  # in place: one array for the whole op
         out /= out.sum(axis=axis, keepdims=True)
@@ -32,7 +33,7 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        if g.ndim and ctx.axis in (-1, g.ndim - 1):  # rows along the last axis, as in attention:
+        if g.ndim and ctx.axis == g.ndim - 1:  # rows along the last axis, as in attention:
             # sum(g * out) per row as a contraction, without an array of products
             s = array_module(g).einsum("...i,...i->...", g, out)[..., None]
         else:
@@ -48,7 +49,7 @@ class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, x, axis=-1):
         xp = array_module(x)
-        ctx.axis = axis
+        axis = ctx.axis = normalize_axis("log_softmax", axis, x.ndim)
         shifted = x - x.max(axis=axis, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
         ctx.save_for_backward(out)

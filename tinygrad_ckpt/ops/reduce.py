@@ -2,25 +2,13 @@
 
 The adjoint of a reduction is a broadcast: the gradient of `x.sum(axis)` is
 the incoming gradient, given its reduced axes back (as size 1) and broadcast
-to x's shape. `expand` does that once for all three ops.
+to x's shape. `expand` does that once for all three ops. Axes are
+normalised by axes.py (-1 is the last; out of range is an error).
 """
 
 from ..backend import array_module, as_array
 from ..function import Function
-
-
-def normalize_axes(axis, ndim):
-    """None -> all axes; -1 -> ndim - 1; always a sorted tuple.
-
-    A 0-d tensor takes axis 0 or -1, as in PyTorch, and has nothing to reduce: ().
-    """
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    for a in axes:
-        if not -max(ndim, 1) <= a < max(ndim, 1):
-            raise ValueError(f"axis {a} is out of range for a tensor with {ndim} dimensions")
-    return tuple(sorted(a % ndim for a in axes)) if ndim else ()
+from .axes import normalize_axes
 
 
 def expand(g, shape, axes):
@@ -35,7 +23,7 @@ class Sum(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.shape, ctx.axes = x.shape, normalize_axes(axis, x.ndim)
+        ctx.shape, ctx.axes = x.shape, normalize_axes("sum", axis, x.ndim)
         return x.sum(axis=ctx.axes, keepdims=keepdims)
 
     @staticmethod
@@ -48,7 +36,7 @@ class Mean(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.shape, ctx.axes = x.shape, normalize_axes(axis, x.ndim)
+        ctx.shape, ctx.axes = x.shape, normalize_axes("mean", axis, x.ndim)
         n = 1
         for a in ctx.axes:
             n *= x.shape[a]
@@ -63,17 +51,22 @@ class Mean(Function):
 class Max(Function):
     """out = x.max(axes);  dx = g at the maxima, shared equally between ties.
 
-    Saves a boolean mask of where the maxima are (1 byte per element) and the
-    number of ties per reduced slice.
+    As torch.amax and torch.max() (no dim); torch.max(x, dim) gives all of
+    g to one of the ties instead. A NaN is the maximum of its slice, and the
+    gradient goes to the NaNs, as torch.max's does (torch.amax's is NaN).
+    Saves a boolean mask of where the maxima are (1 byte per element) and
+    the number of ties per reduced slice.
     """
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.shape, ctx.axes = x.shape, normalize_axes(axis, x.ndim)
+        ctx.shape, ctx.axes = x.shape, normalize_axes("max", axis, x.ndim)
         if x.size == 0:
             raise ValueError(f"max of an empty tensor of shape {tuple(x.shape)}")
         out = x.max(axis=ctx.axes, keepdims=True)
         is_max = x == out
+        if x.dtype.kind == "f":
+            is_max |= array_module(x).isnan(x)  # NaN != NaN, yet it is the max
         ctx.save_for_backward(is_max, is_max.sum(axis=ctx.axes, keepdims=True).astype(x.dtype))
         return out if keepdims else out.reshape([n for i, n in enumerate(x.shape) if i not in ctx.axes])
 

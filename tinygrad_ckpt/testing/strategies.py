@@ -14,6 +14,8 @@ What each draws:
   shapes, nonscalar_shapes   array shapes of up to 3 axes of 1 to 3 (0-d included in `shapes`)
   broadcast_pairs            two shapes that broadcast together
   arrays, away_from_zero     float64 arrays of a shape (for finite-difference op tests)
+  edge_arrays, EDGES         float64 arrays mixing 0, -0.0, +-inf, NaN, huge and tiny values with
+                             ordinary ones (for comparing values and gradients with PyTorch's)
   chains                     a `Chain`: Linear -> GELU (-> Dropout) blocks and a batch, as a spec
   gpt_configs                a tiny GPTConfig (layers, heads, width, context, dropout, bias, ties)
   padded_batches             token ids and labels, right-padded and partly ignored (-100)
@@ -52,7 +54,7 @@ from ..schedules import LayerCost, revolve
 from ..tensor import Tensor
 
 __all__ = [
-    "shapes", "nonscalar_shapes", "broadcast_pairs", "arrays", "away_from_zero", "Chain", "chains",
+    "shapes", "nonscalar_shapes", "broadcast_pairs", "arrays", "away_from_zero", "EDGES", "edge_arrays", "Chain", "chains",
     "gpt_configs", "padded_batches", "segment_plans", "policies", "micro_batch_splits", "layer_costs",
 ]
 
@@ -68,6 +70,17 @@ def away_from_zero(shape, low=0.5, high=2.0):
     magnitude = arrays(shape, low, high)
     signs = hnp.arrays(numpy.float64, shape, elements=st.sampled_from([-1.0, 1.0]))
     return st.tuples(magnitude, signs).map(lambda ms: ms[0] * ms[1])
+
+
+# The edges of the ops' domains: signed zeros, infinities, NaN, 1 and -1, near float32's largest (and
+# its overflow when squared), a float32 subnormal, exp's overflow (800), and a float64 near-zero.
+EDGES = (0.0, -0.0, numpy.inf, -numpy.inf, numpy.nan, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1e-300, 800.0, -800.0,
+         3e38, -3e38, 1e20, -1e-40)
+
+
+def edge_arrays(shape):
+    """float64 arrays of `shape` whose elements are edges (EDGES) or ordinary values in [-3, 3]."""
+    return hnp.arrays(numpy.float64, shape, elements=st.one_of(st.sampled_from(EDGES), st.floats(-3, 3)))
 
 
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=3)
