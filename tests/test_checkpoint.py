@@ -431,10 +431,6 @@ def test_without_preserve_rng_state_masks_differ_and_the_values_check_says_so():
     y = checkpoint(block, x, preserve_rng_state=False, determinism_check="values")
     with pytest.raises(RuntimeError, match=r"recompute of segment 'Sequential' gave other values for output 0"):
         y.sum().backward()
-    with pytest.warns(DeprecationWarning, match="determinism_check='values'"):  # the old name still works
-        y = checkpoint(block, x, preserve_rng_state=False, check_values=True)
-    with pytest.raises(RuntimeError, match=r"gave other values for output 0"):
-        y.sum().backward()
 
 
 @pytest.mark.equivalence

@@ -86,7 +86,6 @@ which segments to cut a chain into (schedules.py), which ops a policy keeps
 instead of recomputing (policies.py).
 """
 
-import warnings
 from contextlib import contextmanager
 
 import numpy
@@ -160,7 +159,7 @@ def check_options(use_reentrant=None, preserve_rng_state=True, determinism_check
 
 # -- the public functions ----------------------------------------------------
 def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, determinism_check="default",
-               debug=False, early_stop=True, policy=None, check_values=None, **kwargs):
+               debug=False, early_stop=True, policy=None, **kwargs):
     """function(*args, **kwargs), keeping only its tensor arguments for backward.
 
     Tensors anywhere in args and kwargs (inside tuples, lists, dicts) are the
@@ -175,14 +174,8 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
     show the op sequences when the check fails. early_stop: stop the
     recompute once backward has what it needs, and skip what it does not
     need (False: recompute everything). policy: see policies.py (None:
-    keep nothing). check_values=True is the old name of
-    determinism_check="values".
+    keep nothing).
     """
-    if check_values is not None:
-        warnings.warn("checkpoint(check_values=True) is now determinism_check='values'", DeprecationWarning,
-                      stacklevel=2)
-        if check_values:
-            determinism_check = "values"
     options = check_options(use_reentrant, preserve_rng_state, determinism_check, debug, early_stop)
     if not callable(function):
         raise TypeError(f"checkpoint: the first argument must be the function to run, got {type(function).__name__}")
@@ -303,22 +296,22 @@ class Checkpoint(Function):
         inputs = segment.stand_ins(saved[:n])
         outer_arrays = segment.outer_arrays(saved[n:n + c])
         try:
-            fresh = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
+            recompute_tape = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
         except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
             segment.full = True
             inputs = segment.stand_ins(saved[:n])
-            fresh = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
+            recompute_tape = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
         # Start the inner backward from the outputs' gradient edges in the recompute.
-        output_edges = fresh.output_edges()
+        output_edges = recompute_tape.output_edges()
         segment.watch_outputs_inside(ctx, output_edges)
         pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
         leftover = {}
-        fresh.close()
+        recompute_tape.close()
         if pairs:
             # The stand-ins collect the inputs' gradients, those the backward call wants (the others' records are pruned).
             task = tape.current_task()
             wanted = [t for t, x in zip(inputs, segment.inputs) if task is None or task.reaches(tape.get_gradient_edge(x))]
-            leftover = fresh.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=wanted)
+            leftover = recompute_tape.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=wanted)
         in_grads = []
         for t in inputs:
             g = t.grad.data if t.requires_grad and t.grad is not None else None
@@ -351,8 +344,7 @@ class _Segment:
         self.stash = Stash(policy, self.name) if policy is not None else None
         # Recompute in full (no early stop, nothing skipped): asked for, or needed to compare values.
         self.full = not options["early_stop"] or self.determinism_check != "default"
-        self.check_meta = self.determinism_check != "none"
-        self.check_ops = self.determinism_check != "none"
+        self.checks = self.determinism_check != "none"  # the recompute must run the forward's ops (recompute.py)
         self.generators = []  # (generator, its state before the segment's first draw)
         self._plan = None
 
@@ -364,39 +356,37 @@ class _Segment:
     def forward(self):
         """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
         self.input_versions = [t._version for t in self.inputs]
-        watch = SegmentTape(self, self.inputs)
+        forward_tape = SegmentTape(self, self.inputs)
         observed = []
         if self.preserve_rng_state:
             random._observers.append(observed)
         try:
-            with tape.recording(watch):
+            with tape.recording(forward_tape):
                 returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
             self.args = self.kwargs = None
         finally:
             if self.preserve_rng_state:
                 random._observers.pop()  # ours: observers nest like the segments
         self.generators = observed
-        self.notes = watch.notes
+        self.notes = forward_tape.notes
         template, outputs = _flatten(returned)
-        self.out_origins = [(watch.origin_of_output(o), o.requires_grad) for o in outputs]
-        self.outer = list(watch.outer.values())
+        self.out_origins = [(forward_tape.origin_of_output(o), o.requires_grad) for o in outputs]
+        self.outer = list(forward_tape.outer.values())
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
         # The parameters are held (they live anyway); a computed tensor from outside is not: the record saves its array.
         self.params = [t if t.is_leaf else None for t in self.outer]
-        watch.close()
+        forward_tape.close()
         self.out_meta = [(o.shape, o.dtype) for o in outputs]
         self.out_requires_grad = [o.requires_grad for o in outputs]
         if self.determinism_check == "values":
             self.out_values = [o.data.copy() for o in outputs]
             for v in self.out_values:
                 memory.track(v)
-        self._outputs = outputs  # until the record is made: then only their arrays (the record's outputs)
         return template, outputs
 
     def drop_forward_tensors(self):
-        self._outputs = None
-        self.outer = [t if t.is_leaf else _Shape(t) for t in self.outer]  # no computed tensor from outside held
+        self.outer = [t if t.is_leaf else _ComputedOutside(t) for t in self.outer]  # no computed tensor from outside held
 
     def taken_inside(self, i):
         """Whether the gradient of the record's output i, when grad() asks for it, is taken inside the recompute.
@@ -456,20 +446,20 @@ class _Segment:
 
     def recompute(self, plan, inputs, outer_arrays, stashed):
         """Run the segment's code again on a RecomputeTape, as far as the plan says; the tape."""
-        fresh = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
+        recompute_tape = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
         returned, outputs = False, None
         if plan.stop >= 0:
-            with _recompute(), self.replaying_rng(), tape.recording(fresh):
+            with _recompute(), self.replaying_rng(), tape.recording(recompute_tape):
                 try:
                     outputs = self.call(inputs)
                     returned = True
                 except StopRecompute:
                     pass
         with memory.phase("recompute"):  # the rebuilt records are part of the recompute
-            fresh.finish(returned)
+            recompute_tape.finish(returned)
         if returned:
             self.check_outputs(_flatten(outputs)[1])
-        return fresh
+        return recompute_tape
 
     @contextmanager
     def replaying_rng(self):
@@ -499,7 +489,7 @@ class _Segment:
 
     def check_outputs(self, outs):
         """The recompute must return what the forward did (shapes, dtypes; values if asked)."""
-        if not self.check_meta:
+        if not self.checks:
             return
         if len(outs) != len(self.out_meta):
             self.mismatch(f"returned {len(outs)} tensors, its forward returned {len(self.out_meta)}", [])
@@ -522,8 +512,9 @@ class _Segment:
                     )
 
 
-class _Shape:
-    """What the record still needs of a computed tensor from outside once the forward is done."""
+class _ComputedOutside:
+    """What the record still needs of a computed tensor from outside once the forward is done:
+    its version counter (checked in backward), dtype and shape; not its array (the record saves that)."""
 
     is_leaf = False
 
@@ -536,7 +527,7 @@ def _side_by_side(forward, recompute):
     rows = [f"  {'#':>3}  {'forward':<20} recompute"]
     for i in range(max(len(forward), len(recompute))):
         f = forward[i] if i < len(forward) else "-"
-        r = recompute[i] if i < len(recompute) else "(not reached)" if i >= len(recompute) else "-"
+        r = recompute[i] if i < len(recompute) else "(not reached)"
         mark = "   <- differs" if i < len(recompute) and f != r else ""
         rows.append(f"  {i:>3}  {f:<20} {r}{mark}")
     return "\n".join(rows)

@@ -120,6 +120,14 @@ class Context:
         """The arrays this record holds now: the saved arrays, and any a pack hook returned."""
         return [a for a in self.saved_arrays or () if a is not None] + list(self.packed_arrays)
 
+    def facts(self):
+        """What the op's forward left on ctx for its backward (shapes, axes), without the saved arrays.
+
+        A checkpoint's recompute gives them to a record it rebuilds without
+        running the op (recompute.py), or to an op a policy kept (policies.py).
+        """
+        return {k: v for k, v in vars(self).items() if k not in _BOOKKEEPING}
+
     @property
     def saved_nbytes(self):
         return sum(a.nbytes for a in self.held_arrays())
@@ -153,6 +161,10 @@ class Context:
             if a is not None:
                 memory.release(a, "activations")
         self.saved_arrays = ()
+
+
+# What a Context keeps for the engine, not for the op's backward (see Context.facts).
+_BOOKKEEPING = ("op", "needs_input_grad", "saved_arrays", "saved_versions", "counted", "computed")
 
 
 class Function:

@@ -172,8 +172,7 @@ class _Kept:
         outs = out if isinstance(out, tuple) else (out,)
         self.multiple = isinstance(out, tuple)
         self.needs_input_grad = ctx.needs_input_grad
-        self.attrs = {k: v for k, v in vars(ctx).items()
-                      if k not in ("op", "needs_input_grad", "saved_arrays", "saved_versions", "counted", "computed")}
+        self.facts = ctx.facts()
         self.outputs = [stash.keep(o, offload) for o in outs]
         self.saved = [None if a is None else where_in_call(a, arrays, options, outs) or stash.keep(a, offload)
                       for a in ctx.saved_arrays or ()]
@@ -195,7 +194,7 @@ class _Kept:
                 "forward; the segment's inputs changed requires_grad between forward and backward"
             )
         outs = [output(k) for k in range(len(self.outputs))]
-        ctx.__dict__.update(self.attrs)
+        ctx.__dict__.update(self.facts)
         ctx.save_for_backward(*(None if r is None else _resolve(r, input_array, options, outs, stashed)
                                 for r in self.saved))
         return tuple(outs) if self.multiple else outs[0]

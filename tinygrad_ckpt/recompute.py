@@ -341,27 +341,27 @@ class RecomputeTape(tape.Tape):
             raise StopRecompute  # every op that must be run again has been: what follows is neither run nor checked
         expected = self.notes[j].name if j < len(self.notes) else "nothing more"
         policy_kept = j < len(self.notes) and self.notes[j].kept is not None  # a replay needs the same op
-        if expected != op.__name__ and (self.segment.check_ops or policy_kept):
+        if expected != op.__name__ and (self.segment.checks or policy_kept):
             self.segment.mismatch(f"ran {op.__name__} as op #{j}, where its forward ran {expected}", self.ran)
         self.position += 1
         if expected != op.__name__ or j > self.plan.stop:  # determinism_check="none": run what the code runs
             return op.run_forward(ctx, arrays, options)
         note = self.notes[j]
         action = self.plan.actions[j]
-        if self.segment.check_meta and action != RUN:  # what runs is checked by what it saves and returns
+        if self.segment.checks and action != RUN:  # what runs is checked by what it saves and returns
             self._check_inputs(note, arrays)
         if action == RUN:
             out = op.run_forward(ctx, arrays, options)
-            if self.segment.check_meta:
+            if self.segment.checks:
                 self._check_saved(note, ctx)
         elif action == KEEP:
             out = note.kept.replay(ctx, lambda i: arrays[i], options, lambda k: self.kept_output(j, k), self.stashed)
             ctx.computed = False
         else:
             if action == REBUILD:
-                ctx.__dict__.update(_facts(note.node.ctx))
+                ctx.__dict__.update(note.node.ctx.facts())
                 ctx.save_for_backward(*self._saved(note, lambda i: arrays[i], options))
-                if self.segment.check_meta:
+                if self.segment.checks:
                     self._check_saved(note, ctx)
             else:
                 ctx.needs_input_grad = (False,) * len(arrays)  # SKIP: no backward reaches it
@@ -382,7 +382,7 @@ class RecomputeTape(tape.Tape):
     def finish(self, returned):
         """Check that the code reached what it had to; rebuild the records after the stop."""
         # Early stop checks only what comes before the stop: returning after it is no mismatch.
-        if self.segment.check_ops and (self.position <= self.plan.stop or
+        if self.segment.checks and (self.position <= self.plan.stop or
                                        (returned and self.segment.full and self.position != len(self.notes))):
             self.segment.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
         for j in self.plan.rebuilt:
@@ -392,7 +392,7 @@ class RecomputeTape(tape.Tape):
                 note.kept.replay(ctx, lambda i, note=note: self._value(note.inputs[i]), {},
                                  lambda k, j=j: self.kept_output(j, k), self.stashed)
             else:
-                ctx.__dict__.update(_facts(note.node.ctx))
+                ctx.__dict__.update(note.node.ctx.facts())
                 ctx.save_for_backward(*self._saved(note, lambda i, note=note: self._value(note.inputs[i]), {}))
             edges = [self.edge(o) if needs else (None, None) for needs, o in zip(note.needs_input_grad, note.inputs)]
             node = tape.Node.rebuilt(note.op, ctx, edges, note.input_meta, note.shapes, note.dtypes, note.node.hooks,
@@ -476,12 +476,6 @@ class RecomputeTape(tape.Tape):
             self.segment.mismatch(
                 f"ran {note.name} (op #{self.position - 1}), which saved {_describe(got)} for backward, where its "
                 f"forward saved {_describe(note.saved_meta)}", self.ran)
-
-
-def _facts(ctx):
-    """The facts an op's forward left on its ctx for backward (shapes, axes): everything but the saved arrays."""
-    return {k: v for k, v in vars(ctx).items()
-            if k not in ("op", "needs_input_grad", "saved_arrays", "saved_versions", "counted", "computed")}
 
 
 def _describe(meta):
