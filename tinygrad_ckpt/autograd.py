@@ -54,7 +54,7 @@ What does not live here: the backward walk and the anomaly checks (tape.py),
 where saved arrays are packed (function.py), checkpointing (checkpoint.py).
 """
 
-from . import backend, function, tape
+from . import anomaly, backend, function, tape
 from .tensor import Tensor, _differentiated, _gradient_for, _no_create_graph
 
 
@@ -153,26 +153,26 @@ class set_detect_anomaly:
     """
 
     def __init__(self, mode):
-        self.previous = tape.set_anomaly_enabled(mode)
+        self.previous = anomaly.set_enabled(mode)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        tape.set_anomaly_enabled(self.previous)
+        anomaly.set_enabled(self.previous)
 
 
 class detect_anomaly:
     """Anomaly mode inside the block (see the module docstring); the previous setting after it."""
 
     def __enter__(self):
-        self.previous = tape.set_anomaly_enabled(True)
+        self.previous = anomaly.set_enabled(True)
         return self
 
     def __exit__(self, *exc):
-        tape.set_anomaly_enabled(self.previous)
+        anomaly.set_enabled(self.previous)
 
 
 def is_anomaly_enabled():
     """True while anomaly mode is on."""
-    return tape.anomaly_mode
+    return anomaly.enabled

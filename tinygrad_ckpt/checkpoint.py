@@ -23,7 +23,7 @@ Built only from tape primitives (tape.py, function.py):
             tape shows as saved.
   backward  the tape first checks that nothing the segment read was
             modified in place since (their versions, as for any record:
-            tape.check_versions). The record puts back the random
+            versions.check_versions). The record puts back the random
             generators' states and runs `fn` again on detached copies of its
             inputs, on a RecomputeTape (memory phase "recompute"; anomaly
             mode checks it as any forward). That tape runs only what the
@@ -414,7 +414,7 @@ class _Segment:
     def versions(self, arrays):
         """The record's saved_versions: every input and outside tensor, as the segment's forward found them.
 
-        (counter, version, what, (dtype, shape)) entries, checked by tape.check_versions.
+        (counter, version, what, (dtype, shape)) entries, checked by versions.check_versions.
         """
         entries = [(t._version_counter, v, f"input {i} of checkpoint segment '{self.name}'", (a.dtype, a.shape))
                    for i, (t, v, a) in enumerate(zip(self.inputs, self.input_versions, arrays))]

@@ -25,7 +25,7 @@ the inputs share a device and a dtype, runs forward through the active tape,
 wraps the result in Tensors and, if any input requires grad, appends one
 record (a Node) to that tape. It also remembers, for each saved array that is
 an input's or an output's array, that tensor's version, so that backward can
-refuse to run on an array changed in place since (tape.check_versions).
+refuse to run on an array changed in place since (versions.check_versions).
 
 Saved-tensor hooks (PyTorch's `torch.autograd.graph.saved_tensors_hooks`;
 the public face is autograd.py): while a (pack, unpack) pair is pushed, every
@@ -52,7 +52,7 @@ What does not live here: the tape and the backward walk (tape.py), the ops
 themselves (ops/).
 """
 
-from . import backend, memory, tape
+from . import anomaly, backend, memory, tape, versions
 
 
 class Context:
@@ -71,7 +71,7 @@ class Context:
         self.needs_input_grad = needs_input_grad
         self.saved_arrays = ()
         # Per saved array that is some tensor's: (version counter, version then,
-        # what it is, (dtype, shape)), checked by tape.check_versions.
+        # what it is, (dtype, shape)), checked by versions.check_versions.
         # Function.apply adds the saved arrays that are the op's inputs' or
         # outputs'; an op may add more in forward (a checkpoint: its recompute
         # reads every input and parameter of its segment, as they were before
@@ -207,7 +207,7 @@ class Function:
             needs_input_grad = tuple(t.requires_grad for t in inputs)
             for t in inputs:  # one integer compare per computed input: was it changed in place since?
                 if t._node is not None and t._version_counter.value != t._recorded_version:
-                    tape.raise_changed_since_recorded(op, inputs)
+                    versions.raise_changed_since_recorded(op, inputs)
         ctx = Context(op, needs_input_grad)
         arrays = [t.data for t in inputs]
         if active is None:
@@ -226,12 +226,12 @@ class Function:
                 if _saved_hooks and _saved_hooks[-1] is not None:
                     ctx.pack(_saved_hooks[-1], inputs + tensors)
             node = tape.Node(cls, ctx, inputs, tensors)
-            if tape.anomaly_mode:
-                node.stack = tape.capture_stack()
+            if anomaly.enabled:
+                node.stack = anomaly.capture_stack()
             active.append(node)
         if ctx.computed:  # an op a recompute skipped computed nothing: nothing to check or to count
-            if tape.anomaly_mode:
-                tape.check_outputs(op, node, arrays, outs)
+            if anomaly.enabled:
+                anomaly.check_outputs(op, node, arrays, outs)
             if memory.tracker.events is None:
                 pass  # no timeline is being recorded
             elif node is not None and node.index >= 0:  # on a tape (a checkpointed segment's forward keeps none)

@@ -43,31 +43,28 @@ grad_fn; the walk calls them with the tensor's whole gradient just before
 the record's backward runs. A leaf's hooks live on the leaf; the task calls
 them once, with the leaf's whole gradient of this call, when the walk ends.
 
-Checks the walk makes, each raising before it runs a record's backward:
+Checks the walk makes, each raising before it runs a record's backward,
+each one line in the walk and living with its own concept:
   * a saved array whose tensor was modified in place since it was saved
-    (its version moved on; see tensor.py): PyTorch's "modified by an
-    inplace operation" error, naming the record, the shape and the versions;
+    (versions.py): PyTorch's "modified by an inplace operation" error;
   * a record whose saved arrays a first backward already freed;
-  * in anomaly mode (`autograd.detect_anomaly()`), a gradient that is NaN or
-    infinite, naming the record and the line of code that created it. The
-    mode's switch and its checks live here, because the walk and
-    `Function.apply` read them on every op; a normal run pays one flag test.
+  * a gradient of the wrong shape or dtype from a backward
+    (`validate_gradients`, PyTorch's validate_outputs);
+  * in anomaly mode, a gradient that is NaN or infinite (anomaly.py).
 
 What does not live here: how an op is written and what it saves
-(function.py), checkpointing (checkpoint.py, recompute.py), the public
-faces (`autograd.grad`, `detect_anomaly`: autograd.py).
+(function.py), checkpointing (checkpoint.py, recompute.py), in-place
+versions (versions.py), anomaly mode (anomaly.py), the public faces
+(`autograd.grad`, `detect_anomaly`: autograd.py).
 """
 
 import itertools
-import os
-import sys
-import traceback
 import weakref
 from contextlib import contextmanager
 
 import numpy
 
-from . import backend, memory
+from . import anomaly, backend, memory, versions
 
 
 class Node:
@@ -242,9 +239,9 @@ class Tape:
     def _walk(self, tensors, grads, retain_graph, task, own):
         """backward's loop: each record, newest first, gets its outputs' gradients and hands on its inputs'."""
         pending = {}  # (record, output index) -> gradient array not yet handed to that record
-        if anomaly_mode:
+        if anomaly.enabled:
             for g in grads:
-                _check_finite_start(g)
+                anomaly.check_start(g)
         # Gradient arrays placed somewhere (a .grad or a pending sum): never taken
         # over or written in place. Weak, by id: an id alone could be reused by a
         # new array once the old one is freed, and would force a needless copy.
@@ -273,11 +270,11 @@ class Tape:
                 if node.ctx.packed is not None:
                     node.ctx.unpack()  # saved_tensors_hooks: the saved arrays come back (function.py)
                 if node.ctx.saved_versions:
-                    check_versions(node)
+                    versions.check_versions(node)
                 out_grads = [g if g is not None else _zeros(node, i, out_grads) for i, g in enumerate(out_grads)]
                 in_grads = validate_gradients(node, node.op.run_backward(node.ctx, out_grads))
-                if anomaly_mode:
-                    check_gradients(node, out_grads, in_grads)
+                if anomaly.enabled:
+                    anomaly.check_gradients(node, out_grads, in_grads)
                 if not retain_graph:
                     node.ctx.free()
                 elif node.ctx.packed is not None:
@@ -481,57 +478,6 @@ def validate_gradients(node, grads):
                 g = g.astype(dtype)
         checked.append(g)
     return tuple(checked)
-
-
-# -- saved arrays modified in place ---------------------------------------------
-def check_versions(node):
-    """Raise if a tensor whose array `node` saved was modified in place since (PyTorch's check).
-
-    `node.ctx.saved_versions` holds (version counter, version when saved, what,
-    (dtype, shape)) per saved array that is some tensor's (see Function.apply):
-    one integer compare each. Not the array itself: a saved_tensors_hooks pack
-    may have moved it (save_on_cpu), and this must not keep it alive.
-    """
-    for counter, version, what, (dtype, shape) in node.ctx.saved_versions:
-        if counter.value != version:
-            if isinstance(what, tuple):  # ("input", i) or ("output", j) of this op
-                what = f"{what[0]} {what[1]} of {node.describe()}"
-            else:  # said by the op itself (a checkpoint's segment inputs)
-                what = f"{what}, in {node.describe()}"
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{dtype} tensor of shape {tuple(shape)}], which is "
-                f"{what}, is at version {counter.value}; expected version {version} instead. "
-                f"Hint: {_version_hint(node)}"
-            )
-
-
-def _version_hint(node):
-    if getattr(node, "stack", None) is None:
-        return ("enable anomaly mode to see the line of code that created this record, with "
-                "tinygrad_ckpt.autograd.detect_anomaly(). Or write the in-place operation out of place "
-                "(y = y * 2, not y.mul_(2)), or change a clone (y2 = y.clone(); y2.mul_(2)).")
-    return f"{_origin(node.stack)}\nThe variable in question was changed there or anywhere later."
-
-
-def raise_changed_since_recorded(op, inputs):
-    """Raise for the input computed by a record that was changed in place since.
-
-    In-place methods are not recorded on the tape (PyTorch records them), so
-    such a tensor's record computed other values than it now holds: the
-    gradient through it would be wrong. Function.apply (and backward())
-    test every computed input with one integer compare, and call this.
-    """
-    for i, t in enumerate(inputs):
-        if t._node is not None and t._version_counter.value != t._recorded_version:
-            which = "the tensor" if len(inputs) == 1 else f"input {i}"
-            raise RuntimeError(
-                f"{op}: {which} (shape {t.shape}) was modified by an inplace operation after "
-                f"{t._node.describe()} computed it (version {t._recorded_version} -> "
-                f"{t._version_counter.value}). In-place operations are not recorded on the tape, so "
-                "the gradient through this tensor would be wrong. Write the in-place operation out "
-                "of place (y = y * 2, not y.mul_(2)), or change a clone (y2 = y.clone(); y2.mul_(2))."
-            )
 
 
 def get_gradient_edge(t):
@@ -747,112 +693,3 @@ def no_grad():
 def enable_grad():
     """Record again inside a no_grad() block, onto the default tape."""
     return recording(_stack[0])
-
-
-# -- anomaly mode -----------------------------------------------------------------
-# Switched by autograd.detect_anomaly(). Off, the engine pays one test of this
-# flag per op and per record walked; on, every op's outputs and every gradient
-# are checked, and every record keeps the stack that created it.
-anomaly_mode = False
-
-
-def set_anomaly_enabled(mode):
-    """Switch anomaly mode on or off; returns the previous setting."""
-    global anomaly_mode
-    previous, anomaly_mode = anomaly_mode, bool(mode)
-    return previous
-
-
-def capture_stack():
-    """The call stack of the op being run, outermost first (source lines read only if shown)."""
-    stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(1)), lookup_lines=False)
-    stack.reverse()
-    return stack
-
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
-# The plumbing between a line of model code and an op: never "where" an op was created.
-_PLUMBING = {"tensor.py", "function.py", "tape.py", "functional.py", "checkpoint.py", "policies.py",
-             "autograd.py", "backend.py", "random.py"}
-
-
-def _in_package(frame):
-    return os.path.abspath(frame.filename).startswith(_PACKAGE + os.sep)
-
-
-def _is_plumbing(frame):
-    folder, name = os.path.split(os.path.abspath(frame.filename))
-    return (folder == _PACKAGE and name in _PLUMBING) or folder == os.path.join(_PACKAGE, "ops")
-
-
-def _origin(stack):
-    """Where a record was created: the innermost line of user code, then the whole forward call."""
-    frames = list(stack)
-    while frames and _is_plumbing(frames[-1]):  # down to the line that called the op
-        frames.pop()
-    if not frames:
-        return "the record was created inside the engine (no caller outside it)"
-    user = next((f for f in reversed(frames) if not _in_package(f)), frames[-1])
-    trace = "".join(traceback.StackSummary.from_list(frames[-_TRACE_FRAMES:]).format())
-    return (f"The record was created at {user.filename}, line {user.lineno}, in {user.name}:\n"
-            f"    {(user.line or '').strip()}\n"
-            f"Traceback of the forward call that created it (most recent call last, up to {_TRACE_FRAMES} "
-            f"frames):\n{trace.rstrip()}")
-
-
-_TRACE_FRAMES = 8  # enough for a model's layers and the line that called the model
-
-
-def _nonfinite(a):
-    """'nan', 'inf' or None, for an array (None too for a non-float one or None).
-
-    One explicit copy of a boolean to the host: anomaly mode waits for the GPU.
-    """
-    if a is None or a.dtype.kind not in "fc":
-        return None
-    xp = backend.module_of(a)
-    if bool(backend.to_host(backend.as_array(xp.isfinite(a).all()))):
-        return None
-    return "nan" if bool(backend.to_host(backend.as_array(xp.isnan(a).any()))) else "inf"
-
-
-def check_outputs(op, node, input_arrays, outputs):
-    """Anomaly mode: raise at an op whose forward output is NaN, or infinite from finite inputs.
-
-    An infinity that came in through an input (a -inf attention mask filled
-    in by masked_fill) is the caller's intent, not an anomaly; a NaN never is.
-    """
-    for j, out in enumerate(outputs):
-        bad = _nonfinite(out)
-        if bad is None:
-            continue
-        carried = [(i, k) for i, k in ((i, _nonfinite(a)) for i, a in enumerate(input_arrays)) if k]
-        if bad == "inf" and carried:
-            continue
-        where = node.describe() if node is not None else f"{op} (not recorded: no input requires grad)"
-        came_in = "".join(f"; its input {i} already held {k} values" for i, k in carried)
-        stack = node.stack if node is not None else capture_stack()
-        raise RuntimeError(f"anomaly mode: Function {where} returned {bad} values in its output {j} "
-                           f"during forward{came_in}.\n{_origin(stack)}")
-
-
-def check_gradients(node, out_grads, in_grads):
-    """Anomaly mode: raise at a record whose backward returned a NaN or infinite gradient."""
-    for i, g in enumerate(in_grads):
-        bad = _nonfinite(g)
-        if bad is None:
-            continue
-        received = [k for k in map(_nonfinite, out_grads) if k]
-        came_in = f"; the gradient it received already held {received[0]} values" if received else ""
-        stack = getattr(node, "stack", None)
-        origin = (_origin(stack) if stack is not None else
-                  "The record was created before anomaly mode was switched on: run the forward in "
-                  "detect_anomaly() too, to see where.")
-        raise RuntimeError(f"anomaly mode: Function {node.describe()} returned {bad} values in its output {i} "
-                           f"during backward (the gradient of its input {i}){came_in}.\n{origin}")
-
-
-def _check_finite_start(g):
-    bad = _nonfinite(g)
-    if bad is not None:
-        raise RuntimeError(f"anomaly mode: the gradient passed to backward() holds {bad} values")

@@ -12,7 +12,7 @@ In-place methods (`add_`, `sub_`, `mul_`, `copy_`, `zero_`, `fill_`, `t[i] = v`)
 write into `.data` and bump the tensor's version, a counter shared with its
 views (reshape, transpose, basic indexing, `detach()`), as in PyTorch. Every
 array an op saves for backward remembers its tensor's version, and backward
-refuses to use one that moved on (tape.check_versions): a change in place can
+refuses to use one that moved on (versions.check_versions): a change in place can
 never silently give a wrong gradient. In-place methods are not recorded on
 the tape (PyTorch records them), so, with gradients on:
   * on a leaf that requires grad (a parameter) they are an error, as in
@@ -36,17 +36,11 @@ import numbers
 
 import numpy
 
-from . import backend, memory, tape
+from . import backend, memory, tape, versions
 from .ops import elementwise, matmul, movement, nn, reduce
 from .ops.axes import normalize_axes, normalize_axis
 
 _FLOAT_DEFAULT = numpy.float32
-
-
-class VersionCounter:
-    """How many times a tensor's memory was changed in place; shared by a tensor and its views."""
-
-    value = 0  # a class default: making one runs no __init__ (one per tensor made)
 
 
 class Tensor:
@@ -84,7 +78,7 @@ class Tensor:
         self._hooks = None  # a leaf's gradient hooks (register_hook); a computed tensor's live on its record
         # The same memory as `source` (no copy was made): the same version counter.
         shared = source is not None and data is source.data
-        self._version_counter = source._version_counter if shared else VersionCounter()
+        self._version_counter = source._version_counter if shared else versions.VersionCounter()
         memory.track(data)
 
     # -- what it is ----------------------------------------------------------
@@ -205,7 +199,7 @@ class Tensor:
             )
         grad = _gradient_for(self, gradient, "backward()")
         if self._node is not None and self._version != self._recorded_version:
-            tape.raise_changed_since_recorded("backward()", [self])
+            versions.raise_changed_since_recorded("backward()", [self])
         if inputs is not None:
             inputs = _differentiated(inputs, "backward(inputs=...)")
         tape.run_backward([self], [grad], retain_graph=bool(retain_graph), inputs=inputs)
