@@ -351,7 +351,10 @@ def main(argv=None):
 
 def _one_line(error):
     """The error's message on one line (a message listing several problems is joined with '; ')."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = str(error)
+    if isinstance(error, OSError) and error.strerror and error.filename is None:
+        message = error.strerror  # OSError(errno, what): what, without "[Errno 13]"
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
     text = lines[0].rstrip(":") + (": " + "; ".join(lines[1:]) if len(lines) > 1 else "") if lines else ""
     if isinstance(error, MemoryError):
         text = (f"out of memory ({text or type(error).__name__}); try a smaller --per-device-train-batch-size "

@@ -196,6 +196,7 @@ class TrainingArguments:
             )
         self._check_accumulation_dtype()
         self._check_gradient_checkpointing_kwargs()
+        self._check_memory_report()
 
     def _check_int(self, name, minimum, hint=""):
         value = getattr(self, name)
@@ -253,16 +254,27 @@ class TrainingArguments:
             )
         policies.resolve(policy)  # an unknown name fails here, with the names it could be
         segments = kwargs.get("segments", "every")
-        if not isinstance(segments, (str, int, list)) or isinstance(segments, bool):
+        if not (segments in ("every", "sqrt") or _is_count(segments, 1)
+                or (isinstance(segments, list) and all(_is_count(b, 0) for b in segments))):
             raise ValueError(
-                f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of "
-                f"boundaries, got {segments!r}"
+                f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', a number of segments >= 1 "
+                f"or a list of block boundaries such as [2, 4], got {segments!r}"
             )
+
+    def _check_memory_report(self):
+        if self.memory_report is not None and (not isinstance(self.memory_report, (str, Path))
+                                               or str(self.memory_report) == ""):
+            raise ValueError(f"memory_report must be the path of an HTML file to write, or None, "
+                             f"got {self.memory_report!r}")
 
     @property
     def effective_batch_size(self):
         """Examples per optimizer step."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
+def _is_count(value, minimum):
+    return isinstance(value, (int, numpy.integer)) and not isinstance(value, bool) and value >= minimum
 
 
 def get_learning_rate(step, args, total_steps):
@@ -432,7 +444,10 @@ class Trainer:
                     f"gradient_checkpointing=True, but {type(model).__name__} does not support it "
                     "(it has no gradient_checkpointing_enable() method)"
                 )
-            model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
+            try:
+                model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
+            except TypeError as e:  # a value the model cannot take: the user's arguments, not a bug
+                raise ValueError(f"gradient_checkpointing_kwargs {args.gradient_checkpointing_kwargs}: {e}") from None
         self.optimizer = create_optimizer(model.parameters(), args)
         self.accumulator = GradientAccumulator(
             self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
@@ -504,7 +519,7 @@ class Trainer:
         """
         args, acc = self.args, self.accumulator
         self._prepare_output_dir(fresh=not resume_from_checkpoint)
-        report = self._check_memory_report()
+        report = self._memory_report()
         if resume_from_checkpoint:
             self._load_checkpoint(resume_from_checkpoint)  # sets self.state, the model, optimizer, RNG and run id
         else:
@@ -735,7 +750,7 @@ class Trainer:
         print(f"overwrite_output_dir: deleted the previous run's {len(previous)} file(s) in {str(directory)!r}: "
               f"{names}", file=sys.stderr)
 
-    def _check_memory_report(self):
+    def _memory_report(self):
         """The _StepReport of args.memory_report (its path checked now, before the first step), or None."""
         if not self.args.memory_report or not self.is_main_process:
             return None
