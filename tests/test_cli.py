@@ -244,7 +244,7 @@ def one_line_error(argv, capsys):
     (["--accumulation-dtype", "int8"], "accumulation_dtype must be a floating dtype"),
     (["--n-head", "3"], r"n_embd \(16\) must be divisible by n_head \(3\)"),
     (["--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"segments": "sqrtt"}'],
-     r"gradient_checkpointing_kwargs\['segments'\] must be 'every', 'sqrt', a number of segments >= 1 or a list"),
+     r"gradient_checkpointing_kwargs\['segments'\] must be 'every', 'sqrt', an int or a list of block boundaries"),
     (["--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"segments": [1, "a"]}'],
      r"gradient_checkpointing_kwargs\['segments'\] must be"),
     (["--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"segments": 0}'],

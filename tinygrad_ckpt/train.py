@@ -257,8 +257,8 @@ class TrainingArguments:
         if not (segments in ("every", "sqrt") or _is_count(segments, 1)
                 or (isinstance(segments, list) and all(_is_count(b, 0) for b in segments))):
             raise ValueError(
-                f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', a number of segments >= 1 "
-                f"or a list of block boundaries such as [2, 4], got {segments!r}"
+                f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of block "
+                f"boundaries such as [2, 4] (an int: the number of segments, at least 1), got {segments!r}"
             )
 
     def _check_memory_report(self):
