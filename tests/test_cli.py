@@ -352,3 +352,17 @@ def test_resume_with_a_shorter_data_file_finishes_in_a_real_process(tmp_path):
     assert ("resume: the training data has 43 examples, the checkpoint's run had 299; it stopped at micro-batch 12 "
             "of epoch 0, past this data's 11 per epoch: continuing at the start of epoch 1") in resumed.stderr
     assert "training loss:" in resumed.stdout and "(step 15)" in resumed.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/zero and RLIMIT_AS, as on Linux")
+def test_data_that_never_ends_is_named_as_such_not_as_a_batch_too_large(tmp_path):
+    import resource
+
+    def at_most_4_gib():  # were /dev/zero read, the process would stop at this, not take the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    run = subprocess.run([sys.executable, "-m", "tinygrad_ckpt", "train", "--data", "/dev/zero", *TINY],
+                         capture_output=True, text=True, timeout=60, preexec_fn=at_most_4_gib)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        "tinygrad-ckpt train: error: data path '/dev/zero' is a character device, which may never end (as "
+        "/dev/zero), not a text file; give --data a regular file (save a stream to a file first)"], run.stderr
