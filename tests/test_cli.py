@@ -366,3 +366,25 @@ def test_data_that_never_ends_is_named_as_such_not_as_a_batch_too_large(tmp_path
     assert run.returncode == 2 and run.stderr.strip().splitlines() == [
         "tinygrad-ckpt train: error: data path '/dev/zero' is a character device, which may never end (as "
         "/dev/zero), not a text file; give --data a regular file (save a stream to a file first)"], run.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fit", "--memory", "h300"], r"--memory 'h300' is neither a GPU preset \(t4, .*h100-80gb, h200\) nor a size"),
+    (["fit", "--memory", "1e400GB"], r"--memory '1e400GB' is neither a GPU preset"),
+    (["fit", "--reserve", "1e400GB"], r"--reserve '1e400GB' is not a size"),
+    (["verify", "--seed", "-1"], r"--seed must be 0 or more"),
+    (["bench", "--tiny", "--no-plots", "--output-dir", "{file}"], r"output directory '.*a_file' is not writable "
+                                                                   r"\(File exists\); choose another output directory"),
+    (["train", *TINY, "--output-dir", "{file}/out"], r"output directory '.*a_file/out' is not writable"),
+])
+def test_every_subcommands_bad_values_are_one_line_errors(argv, message, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    err = one_line_error([a.replace("{file}", str(tmp_path / "a_file")) for a in argv], capsys)
+    assert re.search(message, err) and "Errno" not in err, err
+
+
+@pytest.mark.parametrize("command, advice", [("train", "--per-device-train-batch-size"), ("verify", "--batch-size"),
+                                             ("bench", "--quick")])
+def test_out_of_memory_advice_names_the_commands_own_flags(command, advice):
+    text = cli._one_line(MemoryError("Unable to allocate 23.3 TiB"), command)
+    assert text.startswith("out of memory (Unable to allocate 23.3 TiB); try") and advice in text

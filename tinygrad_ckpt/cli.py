@@ -341,7 +341,7 @@ def main(argv=None):
         if args.debug:
             abort_if_running(2, traceback=True)
             raise
-        print(f"tinygrad-ckpt {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"tinygrad-ckpt {args.command}: error: {_one_line(e, args.command)}", file=sys.stderr)
         abort_if_running(2)  # under mpiexec: stop the other processes too, or they would wait forever
         return 2
     except Exception:
@@ -349,14 +349,22 @@ def main(argv=None):
         raise
 
 
-def _one_line(error):
+# What to try when a command runs out of memory: the flags of that command.
+MEMORY_ADVICE = {
+    "train": "try a smaller --per-device-train-batch-size with more --gradient-accumulation-steps, or "
+             "--gradient-checkpointing",
+    "verify": "try a smaller --batch-size or a smaller model (--n-layer, --n-embd, --mlp-width)",
+    "bench": "try --quick",
+}
+
+
+def _one_line(error, command="train"):
     """The error's message on one line (a message listing several problems is joined with '; ')."""
     message = str(error)
-    if isinstance(error, OSError) and error.strerror and error.filename is None:
-        message = error.strerror  # OSError(errno, what): what, without "[Errno 13]"
+    if isinstance(error, OSError) and error.strerror:  # without "[Errno 13]"
+        message = error.strerror if error.filename is None else f"{error.filename!r}: {error.strerror}"
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     text = lines[0].rstrip(":") + (": " + "; ".join(lines[1:]) if len(lines) > 1 else "") if lines else ""
     if isinstance(error, MemoryError):
-        text = (f"out of memory ({text or type(error).__name__}); try a smaller --per-device-train-batch-size "
-                "with more --gradient-accumulation-steps, or --gradient-checkpointing")
+        text = f"out of memory ({text or type(error).__name__}); {MEMORY_ADVICE.get(command, MEMORY_ADVICE['train'])}"
     return text or type(error).__name__

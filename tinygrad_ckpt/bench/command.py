@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import asdict, replace
 
-from .. import allocator, backend, random
+from .. import allocator, backend, random, serialization
 from . import compare, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
@@ -76,7 +76,7 @@ def run(args):
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
-    os.makedirs(args.output_dir, exist_ok=True)
+    serialization.check_writable(args.output_dir)  # now, not after the first table
     if args.compare and args.profile:
         raise ValueError("--compare and --profile are two runs: choose one")
     if args.device != "cpu" and not (args.compare or args.profile):
