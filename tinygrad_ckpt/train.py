@@ -159,7 +159,8 @@ class TrainingArguments:
     keep_freed_memory: bool = _field(
         False, "ask glibc's malloc to keep the memory a step frees for the next step, instead of handing it "
                "back to the system and faulting it in again (tinygrad_ckpt.allocator): faster steps, and the "
-               "process keeps its peak size. A setting of the whole process")
+               "process keeps its peak size. A setting of the whole process: the library's default is False, "
+               "`tinygrad-ckpt train`'s True")
 
     def __post_init__(self):
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",

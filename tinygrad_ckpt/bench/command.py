@@ -60,10 +60,11 @@ def add_arguments(parser):
     parser.add_argument("--profile", action="store_true",
                         help="instead: the time of each op kind in a step of this engine, forward and backward, "
                              "against its floor; writes profile.md and profile.json; see tinygrad_ckpt/bench/profile.py")
-    parser.add_argument("--keep-freed-memory", action="store_true",
+    parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="first ask glibc's malloc to keep what a step frees for the next step (the whole "
                              "process, every library in it; tinygrad_ckpt/allocator.py), instead of handing it back "
-                             "to the system and faulting it in again")
+                             "to the system and faulting it in again; --no-keep-freed-memory: the C library's "
+                             "default (default: keep it)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="with --compare or --profile: cuda runs this engine (CuPy), PyTorch (if built with CUDA) "
                              "and the floor (cuBLAS) on the GPU")
@@ -139,9 +140,9 @@ def run(args):
 
 
 def allocator_setting(keep):
-    """--keep-freed-memory: apply it (allocator.py) and say so; the line goes into the run's notes."""
+    """--keep-freed-memory (bench's default): apply it (allocator.py) and say so; the line goes into the run's notes."""
     if not keep:
-        return "allocator: the C library's default (what a step frees may go back to the system; --keep-freed-memory)"
+        return "allocator: the C library's default (what a step frees may go back to the system)"
     applied, why = allocator.keep_freed_memory()
     line = f"allocator: {why}" if applied else f"allocator: --keep-freed-memory not applied: {why}"
     print(line, flush=True)
