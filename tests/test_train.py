@@ -662,17 +662,17 @@ def test_resume_with_more_examples_says_the_order_changed(tmp_path, capsys, with
 
 
 def craft(path, change):
-    """Rewrite a checkpoint with change(extra) applied: a file whose bytes are whole but whose fields lie."""
+    """Rewrite a checkpoint with change(checkpoint) applied: a file whose bytes are whole but whose fields lie."""
     from tinygrad_ckpt import serialization
 
     checkpoint = serialization.load(path)
-    change(checkpoint["extra"])
+    change(checkpoint)
     serialization.save(path, model=checkpoint["model"], optimizer=checkpoint["optimizer"], extra=checkpoint["extra"])
     return path
 
 
 def position(**values):
-    return lambda extra: extra["trainer_state"].update(values)
+    return lambda checkpoint: checkpoint["extra"]["trainer_state"].update(values)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -684,10 +684,18 @@ def position(**values):
     (position(consecutive_nonfinite_steps=2, nonfinite_steps=1), r"skipped steps"),
     (position(global_step=-1), r"bad step count"),
     (position(log_history=[{"step": 99, "loss": 1.0}]), r"log history holds a step outside 0..global_step=4"),
-    (lambda extra: extra.update(batch_layout=[2, 0, 3]), r"'batch_layout' is not"),
-    (lambda extra: extra.update(train_examples=0), r"'train_examples' is not"),
-    (lambda extra: extra.update(world_size=0), r"'world_size' is not"),
-    (lambda extra: extra.update(run_id="../x"), r"'run_id' is not"),
+    (lambda c: c["extra"].update(batch_layout=[2, 0, 3]), r"'batch_layout' is not"),
+    (lambda c: c["extra"].update(train_examples=0), r"'train_examples' is not"),
+    (lambda c: c["extra"].update(world_size=0), r"'world_size' is not"),
+    (lambda c: c["extra"].update(run_id="../x"), r"'run_id' is not"),
+    (lambda c: c["optimizer"]["hyper"].update(betas=[0.9, 1.5]), r"the optimizer's betas is \[0.9, 1.5\]; it must "
+                                                                    r"be numbers in \[0, 1\)"),
+    (lambda c: c["optimizer"]["hyper"].update(lr=-1.0), r"the optimizer's lr is -1.0; it must be a finite number >= 0"),
+    (lambda c: c["optimizer"]["hyper"].update(eps=0.0), r"the optimizer's eps is 0.0"),
+    (lambda c: c["optimizer"]["hyper"].update(weight_decay=float("nan")), r"the optimizer's weight_decay is nan"),
+    (lambda c: c["optimizer"]["state"]["exp_avg_sq"][0].__setitem__(0, -1.0), r"exp_avg_sq/0, a mean of squares"),
+    (lambda c: c["optimizer"]["steps"].__setitem__(0, 9), r"its optimizer has taken more steps \(9\) than "
+                                                              r"global_step=4"),
 ])
 def test_every_stored_field_is_range_checked(tmp_path, within_20_seconds, change, message):
     from tinygrad_ckpt.serialization import CheckpointError
@@ -711,9 +719,9 @@ def test_a_position_not_at_a_step_boundary_is_refused(tmp_path, within_20_second
 
 
 def test_an_old_checkpoint_without_its_data_size_past_the_epoch_moves_on(tmp_path, capsys, within_20_seconds):
-    def old_and_far(extra):  # written before train_examples was stored, its micro_step beyond this data
-        del extra["train_examples"]
-        extra["trainer_state"].update(global_step=60, micro_step=50)
+    def old_and_far(checkpoint):  # written before train_examples was stored, its micro_step beyond this data
+        del checkpoint["extra"]["train_examples"]
+        checkpoint["extra"]["trainer_state"].update(global_step=60, micro_step=50)
 
     path = craft(saved_run(tmp_path) / "checkpoint-4.npz", old_and_far)
     path = path.rename(tmp_path / "checkpoint-60.npz")

@@ -384,7 +384,24 @@ def verify_checkpoint(path):
     for name, array in arrays:
         if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
             raise CheckpointError(f"{where} holds non-finite values (NaN or inf) in {name}; it cannot be resumed from")
+    for name, value in checkpoint["optimizer"]["hyper"].items():
+        holds, requirement = HYPER_RANGES.get(name, (lambda v: True, "a finite number"))
+        values = value if isinstance(value, list) else [value]
+        expect(all(math.isfinite(v) and holds(v) for v in values),
+               f"the optimizer's {name} is {value!r}; it must be {requirement}")
+    for i, array in enumerate(checkpoint["optimizer"]["state"].get("exp_avg_sq", [])):
+        expect(not (array < 0).any(), f"optimizer/exp_avg_sq/{i}, a mean of squares, holds a negative value")
     return checkpoint
+
+
+# What a checkpoint's optimizer hyperparameters may be (a list, such as betas: each of its numbers).
+HYPER_RANGES = {
+    "lr": (lambda v: v >= 0, "a finite number >= 0"),
+    "eps": (lambda v: v > 0, "a finite number > 0"),
+    "betas": (lambda v: 0 <= v < 1, "numbers in [0, 1)"),
+    "weight_decay": (lambda v: v >= 0, "a finite number >= 0"),
+    "momentum": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+}
 
 
 def _check_position(state, layout, extra, optimizer_steps, expect):
