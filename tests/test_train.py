@@ -763,8 +763,8 @@ def test_resume_never_takes_another_runs_newer_checkpoint(tmp_path):
     ours = Trainer(tiny_gpt(), args(max_steps=2, save_steps=1, output_dir=str(tmp_path / "b")), dataset())
     ours.train()
     shutil.copy(tmp_path / "a" / "checkpoint-6.npz", tmp_path / "b")  # another run's newer step
-    with pytest.raises(ValueError, match=r"holds the checkpoints of 2 different runs .*checkpoint-6.npz.*; resume "
-                                         r"from one file"):
+    with pytest.raises(ValueError, match=r"holds the checkpoints of 2 different runs .*checkpoint-6.npz.*; move the "
+                                         r"other run's checkpoints away, or resume from one file"):
         Trainer(tiny_gpt(), args(max_steps=4, output_dir=str(tmp_path / "b")), dataset()).train(resume_from_checkpoint=True)
     (tmp_path / "b" / "checkpoint-6.npz").unlink()
     resumed = Trainer(tiny_gpt(), args(max_steps=4, save_steps=1, output_dir=str(tmp_path / "b")), dataset())
@@ -796,3 +796,25 @@ def test_save_steps_without_an_output_dir_is_an_error():
     with pytest.raises(ValueError, match=r"save_steps=5 needs output_dir, where the checkpoints are written; set "
                                          r"output_dir \(--output-dir\) or save_steps=0"):
         args(save_steps=5)
+
+
+def test_resuming_into_another_runs_output_dir_is_refused_before_anything_is_restored(tmp_path, capsys):
+    from tinygrad_ckpt.train import sorted_checkpoints
+
+    Trainer(tiny_gpt(), args(max_steps=4, save_steps=2, output_dir=str(tmp_path / "a")), dataset()).train()
+    Trainer(tiny_gpt(), args(max_steps=2, save_steps=1, output_dir=str(tmp_path / "b")), dataset()).train()
+    model = tiny_gpt(seed=4)
+    before = model.state_dict()
+    into_b = Trainer(model, args(max_steps=6, output_dir=str(tmp_path / "b")), dataset())
+    with pytest.raises(ValueError, match=r"output directory '.*b' holds another run's checkpoints \(run [0-9a-f]+: "
+                                         r"checkpoint-2.npz, checkpoint-1.npz\), not those of the run '.*checkpoint-4.npz' "
+                                         r"continues .*--overwrite-output-dir"):
+        into_b.train(resume_from_checkpoint=tmp_path / "a" / "checkpoint-4.npz")
+    for name, value in model.state_dict().items():
+        numpy.testing.assert_array_equal(value, before[name])
+    replacing = Trainer(tiny_gpt(), args(max_steps=6, save_steps=2, output_dir=str(tmp_path / "b"),
+                                         overwrite_output_dir=True), dataset())
+    replacing.train(resume_from_checkpoint=tmp_path / "a" / "checkpoint-4.npz")
+    assert "overwrite_output_dir: deleted another run's checkpoints" in capsys.readouterr().err
+    assert [step for step, _ in sorted_checkpoints(tmp_path / "b")] == [6]
+    replacing.train(resume_from_checkpoint=True)  # b now holds one run, the one resumed from a

@@ -37,8 +37,9 @@ What the Trainer guards, so that a run never loses a good state:
   - one output directory holds one run: each checkpoint carries its run's
     id, a fresh run refuses a directory that holds another run's output
     (unless overwrite_output_dir, which deletes it, as Hugging Face's
-    example scripts do), and resuming refuses a directory whose checkpoints
-    come from two runs.
+    example scripts do); resuming refuses a directory whose checkpoints come
+    from two runs, and an output_dir that holds another run's checkpoints
+    than the one it continues.
   - a checkpoint's position (epoch, micro_step, global_step, the counts of
     skipped steps) is range-checked when it is read; with fewer training
     examples than it was written with, a position past the end of an epoch
@@ -889,6 +890,7 @@ class Trainer:
                 if self.is_main_process:
                     print(f"resume: skipped {path}: {e}", file=sys.stderr)
                 continue
+            self._check_output_dir_is_this_run(checkpoint["extra"].get("run_id"), path)
             self._restore(checkpoint, path)
             self.resumed_from = path
             if self.is_main_process and self.skipped_checkpoints:
@@ -896,6 +898,31 @@ class Trainer:
             return path
         raise CheckpointError(f"no checkpoint in {str(where)!r} can be resumed from: all {len(candidates)} are damaged "
                               f"(the newest: {self.skipped_checkpoints[0][1]})")
+
+    def _check_output_dir_is_this_run(self, run_id, source):
+        """Resuming from `source` (of run `run_id`) writes into output_dir: it must hold no other run's checkpoints.
+
+        With overwrite_output_dir they are deleted, and said so. Checked
+        before anything is restored.
+        """
+        directory = self.args.output_dir
+        if directory is None or not Path(directory).is_dir() or not self.is_main_process:
+            return
+        others = {rid: paths for rid, paths in _checkpoint_runs(p for _, p in sorted_checkpoints(directory)).items()
+                  if rid != run_id}
+        if not others:
+            return
+        listed = _describe_runs(others)
+        if not self.args.overwrite_output_dir:
+            raise ValueError(
+                f"output directory {str(directory)!r} holds another run's checkpoints ({listed}), not those of "
+                f"the run {str(source)!r} continues ({'run ' + run_id if run_id else 'without a run id'}): "
+                "choose another --output-dir, or --overwrite-output-dir (overwrite_output_dir=True) to delete them"
+            )
+        for paths in others.values():
+            for path in paths:
+                path.unlink(missing_ok=True)
+        print(f"overwrite_output_dir: deleted another run's checkpoints in {str(directory)!r}: {listed}", file=sys.stderr)
 
     def _restore(self, checkpoint, path):
         """Check that `checkpoint` belongs to this run, then restore the model, optimizer, state and RNG."""
@@ -989,27 +1016,35 @@ class Trainer:
         return path
 
 
-def _check_one_run(directory, candidates):
-    """Refuse a directory whose checkpoints come from more than one run (their run ids differ).
-
-    Reads only each file's metadata; a damaged file is left to the resume's
-    own checks. Resuming would otherwise take the newest step, whichever run
-    wrote it.
-    """
+def _checkpoint_runs(paths):
+    """{run id: [paths]} of checkpoint files, reading only their metadata; damaged files are left out."""
     runs = {}
-    for path in candidates:
+    for path in paths:
         try:
             run_id = serialization.read_extra(path).get("run_id")
         except (CheckpointError, OSError):
-            continue
-        runs.setdefault(run_id, []).append(path.name)
+            continue  # the resume's own checks say what is wrong with it, if it is ever read
+        runs.setdefault(run_id, []).append(path)
+    return runs
+
+
+def _describe_runs(runs):
+    return "; ".join(f"{'run ' + run_id if run_id else 'a run without a run id'}: {', '.join(p.name for p in paths)}"
+                     for run_id, paths in runs.items())
+
+
+def _check_one_run(directory, candidates):
+    """Refuse a directory whose checkpoints come from more than one run (their run ids differ).
+
+    Resuming would otherwise take the newest step, whichever run wrote it.
+    """
+    runs = _checkpoint_runs(candidates)
     if len(runs) > 1:
-        listed = "; ".join(f"{'run ' + run_id if run_id else 'a run without a run id'}: {', '.join(names)}"
-                           for run_id, names in runs.items())
+        listed = _describe_runs(runs)
         raise ValueError(
             f"cannot resume from {str(directory)!r}: it holds the checkpoints of {len(runs)} different runs "
-            f"({listed}); resume from one file (--resume PATH, resume_from_checkpoint=PATH), or move the "
-            "other run's checkpoints away"
+            f"({listed}); move the other run's checkpoints away, or resume from one file (--resume PATH, "
+            "resume_from_checkpoint=PATH) into another --output-dir"
         )
 
 
