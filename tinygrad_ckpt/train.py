@@ -903,10 +903,11 @@ class Trainer:
         """Resuming from `source` (of run `run_id`) writes into output_dir: it must hold no other run's checkpoints.
 
         With overwrite_output_dir they are deleted, and said so. Checked
-        before anything is restored.
+        before anything is restored, by every process (they resume from a
+        directory they share, so they stop alike, never one waiting for the others).
         """
         directory = self.args.output_dir
-        if directory is None or not Path(directory).is_dir() or not self.is_main_process:
+        if directory is None or not Path(directory).is_dir():
             return
         others = {rid: paths for rid, paths in _checkpoint_runs(p for _, p in sorted_checkpoints(directory)).items()
                   if rid != run_id}
@@ -922,7 +923,9 @@ class Trainer:
         for paths in others.values():
             for path in paths:
                 path.unlink(missing_ok=True)
-        print(f"overwrite_output_dir: deleted another run's checkpoints in {str(directory)!r}: {listed}", file=sys.stderr)
+        if self.is_main_process:
+            print(f"overwrite_output_dir: deleted another run's checkpoints in {str(directory)!r}: {listed}",
+                  file=sys.stderr)
 
     def _restore(self, checkpoint, path):
         """Check that `checkpoint` belongs to this run, then restore the model, optimizer, state and RNG."""
