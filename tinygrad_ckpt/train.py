@@ -537,8 +537,7 @@ class Trainer:
         several processes, every process must hold the same parameters.
         """
         args, acc = self.args, self.accumulator
-        self._prepare_output_dir(fresh=not resume_from_checkpoint)
-        report = self._memory_report()
+        report = self._prepare_outputs(fresh=not resume_from_checkpoint)
         if resume_from_checkpoint:
             self._load_checkpoint(resume_from_checkpoint)  # sets self.state, the model, optimizer, RNG and run id
         else:
@@ -722,33 +721,38 @@ class Trainer:
         return {"eval_loss": total / max(1, items)}
 
     # -- before the first step ------------------------------------------------------
-    def _prepare_output_dir(self, fresh):
-        """Fail now, not at the first save, if output_dir cannot be written; remove stale temporary files.
+    def _prepare_outputs(self, fresh):
+        """Fail now, not at the first save, if what the run writes cannot be written; returns the _StepReport or None.
 
-        fresh: a run that does not resume. One output directory holds one
-        run, as with Hugging Face's overwrite_output_dir: if it already holds
-        another run's checkpoints or model, a fresh run is refused (ValueError
-        naming it), or with overwrite_output_dir they are deleted first, and
-        said so. Only process 0 writes, so only it looks; with several
-        processes they all stop together if it finds a problem.
+        output_dir must be writable (stale temporary files are removed from
+        it), and so must memory_report's path. fresh: a run that does not
+        resume. One output directory holds one run, as with Hugging Face's
+        overwrite_output_dir: if it already holds another run's checkpoints
+        or model, a fresh run is refused (ValueError naming it), or with
+        overwrite_output_dir they are deleted first, and said so. Only
+        process 0 writes, so only it looks; with several processes they all
+        stop together if it finds a problem.
         """
-        error = None
-        if self.is_main_process and self.args.output_dir is not None:
+        error, report = None, None
+        if self.is_main_process:
             try:
-                serialization.check_writable(self.args.output_dir)
-                removed = serialization.remove_stale_temporary_files(self.args.output_dir)
-                if fresh:
-                    self._claim_output_dir()
-            except (OSError, ValueError) as e:
+                if self.args.memory_report:
+                    report = _StepReport(self.args.memory_report)
+                if self.args.output_dir is not None:
+                    serialization.check_writable(self.args.output_dir)
+                    removed = serialization.remove_stale_temporary_files(self.args.output_dir)
+                    if removed:
+                        print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
+                              f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
+                    if fresh:
+                        self._claim_output_dir()
+            except (OSError, ValueError, ImportError) as e:
                 error = e
-            else:
-                if removed:
-                    print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
-                          f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
         if self.distributed is not None:
             self.distributed.raise_if_any(error)
         elif error is not None:
             raise error
+        return report
 
     def _claim_output_dir(self):
         """A fresh run's output_dir must hold no other run's output; overwrite_output_dir deletes it."""
@@ -769,12 +773,38 @@ class Trainer:
         print(f"overwrite_output_dir: deleted the previous run's {len(previous)} file(s) in {str(directory)!r}: "
               f"{names}", file=sys.stderr)
 
-    def _memory_report(self):
-        """The _StepReport of args.memory_report (its path checked now, before the first step), or None."""
-        if not self.args.memory_report or not self.is_main_process:
-            return None
-        return _StepReport(self.args.memory_report)
+    def _prepare_outputs(self, fresh):
+        """Fail now, not at the first save, if what the run writes cannot be written; returns the _StepReport or None.
 
+        output_dir must be writable (stale temporary files are removed from
+        it), and so must memory_report's path. fresh: a run that does not
+        resume. One output directory holds one run, as with Hugging Face's
+        overwrite_output_dir: if it already holds another run's checkpoints
+        or model, a fresh run is refused (ValueError naming it), or with
+        overwrite_output_dir they are deleted first, and said so. Only
+        process 0 writes, so only it looks; with several processes they all
+        stop together if it finds a problem.
+        """
+        error, report = None, None
+        if self.is_main_process:
+            try:
+                if self.args.memory_report:
+                    report = _StepReport(self.args.memory_report)
+                if self.args.output_dir is not None:
+                    serialization.check_writable(self.args.output_dir)
+                    removed = serialization.remove_stale_temporary_files(self.args.output_dir)
+                    if removed:
+                        print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
+                              f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
+                    if fresh:
+                        self._claim_output_dir()
+            except (OSError, ValueError, ImportError) as e:
+                error = e
+        if self.distributed is not None:
+            self.distributed.raise_if_any(error)
+        elif error is not None:
+            raise error
+        return report
     def _check_ranks_start_together(self):
         """Every process must start from the same parameters (after a resume too: the same checkpoint)."""
         try:
