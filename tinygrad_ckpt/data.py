@@ -91,18 +91,30 @@ def load_text(path=None):
 
 
 def _available_memory():
-    """Bytes of memory the system can still give (Linux's MemAvailable, else free pages); None if unknown."""
+    """Bytes of memory this process can still get, or None if unknown.
+
+    The system's (Linux's MemAvailable, else free pages), or less where a
+    container's memory limit (cgroup v2's memory.max, or v1's) leaves less.
+    """
+    found = []
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, ValueError, OSError):
+            pass
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as f, open(usage) as g:
+                found.append(int(f.read()) - int(g.read()))  # "max" (no limit) is not a number: skipped
+        except (OSError, ValueError):
+            pass
+    return min(found) if found else None
 
 
 class CharTokenizer:
