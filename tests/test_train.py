@@ -818,3 +818,11 @@ def test_resuming_into_another_runs_output_dir_is_refused_before_anything_is_res
     assert "overwrite_output_dir: deleted another run's checkpoints" in capsys.readouterr().err
     assert [step for step, _ in sorted_checkpoints(tmp_path / "b")] == [6]
     replacing.train(resume_from_checkpoint=True)  # b now holds one run, the one resumed from a
+
+
+def test_a_model_path_taken_by_a_folder_is_said_before_the_first_step(tmp_path):
+    (tmp_path / "model.npz").mkdir()
+    data = Recording(dataset())
+    with pytest.raises(OSError, match=r"model.npz' is a directory"):
+        Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), data).train()
+    assert data.reads == []

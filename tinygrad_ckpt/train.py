@@ -740,6 +740,7 @@ class Trainer:
                     report = _StepReport(self.args.memory_report)
                 if self.args.output_dir is not None:
                     serialization.check_writable(self.args.output_dir)
+                    serialization.check_file_writable(Path(self.args.output_dir) / MODEL_NAME)  # not a folder
                     removed = serialization.remove_stale_temporary_files(self.args.output_dir)
                     if removed:
                         print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
@@ -792,6 +793,7 @@ class Trainer:
                     report = _StepReport(self.args.memory_report)
                 if self.args.output_dir is not None:
                     serialization.check_writable(self.args.output_dir)
+                    serialization.check_file_writable(Path(self.args.output_dir) / MODEL_NAME)  # not a folder
                     removed = serialization.remove_stale_temporary_files(self.args.output_dir)
                     if removed:
                         print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
