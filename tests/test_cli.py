@@ -388,3 +388,14 @@ def test_every_subcommands_bad_values_are_one_line_errors(argv, message, tmp_pat
 def test_out_of_memory_advice_names_the_commands_own_flags(command, advice):
     text = cli._one_line(MemoryError("Unable to allocate 23.3 TiB"), command)
     assert text.startswith("out of memory (Unable to allocate 23.3 TiB); try") and advice in text
+
+
+def test_a_model_too_large_for_memory_names_the_model_flags_not_the_batch(monkeypatch, capsys):
+    def too_large(*args, **kwargs):
+        raise MemoryError("Unable to allocate 21.8 TiB for an array with shape (3000000, 1000000)")
+
+    monkeypatch.setattr(cli, "GPT", too_large)
+    err = one_line_error(["train", *TINY, "--max-steps", "1"], capsys)
+    assert ("the model and its optimizer state do not fit in memory (Unable to allocate 21.8 TiB for an array with "
+            "shape (3000000, 1000000)); use a smaller --n-embd, --n-layer or --block-size") in err
+    assert "--per-device-train-batch-size" not in err

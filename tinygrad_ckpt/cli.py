@@ -202,9 +202,13 @@ def _train(args, parallel):
         block_size=args.block_size, vocab_size=tokenizer.vocab_size, n_layer=args.n_layer,
         n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout,
     )
-    model = GPT(config, rng=numpy.random.default_rng(args.seed), device=args.device)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data, tokenizer=tokenizer,
-                      distributed=parallel)
+    try:
+        model = GPT(config, rng=numpy.random.default_rng(args.seed), device=args.device)
+        trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data,
+                          tokenizer=tokenizer, distributed=parallel)
+    except MemoryError as e:  # the model itself, before any batch: the batch advice would not help
+        raise ValueError(f"the model and its optimizer state do not fit in memory ({e or 'MemoryError'}); use a "
+                         "smaller --n-embd, --n-layer or --block-size") from None
 
     n_params = sum(p.numel() for p in trainer.optimizer.params)
     print(
