@@ -376,7 +376,7 @@ def verify_checkpoint(path):
     run_id = extra.get("run_id")
     expect(run_id is None or (isinstance(run_id, str) and re.fullmatch(r"[0-9a-f]{1,64}", run_id)),
            "'run_id' is not a run id (hexadecimal digits)")
-    for key in ("config", "tokenizer"):
+    for key in ("config", "tokenizer", "training_args"):
         expect(isinstance(extra.get(key, {}), dict), f"{key!r} is not a dict")
     _check_position(state, layout, extra, checkpoint["optimizer"]["steps"], expect)
     arrays = [(f"model/{name}", a) for name, a in checkpoint["model"].items()]
