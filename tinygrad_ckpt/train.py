@@ -774,39 +774,6 @@ class Trainer:
         print(f"overwrite_output_dir: deleted the previous run's {len(previous)} file(s) in {str(directory)!r}: "
               f"{names}", file=sys.stderr)
 
-    def _prepare_outputs(self, fresh):
-        """Fail now, not at the first save, if what the run writes cannot be written; returns the _StepReport or None.
-
-        output_dir must be writable (stale temporary files are removed from
-        it), and so must memory_report's path. fresh: a run that does not
-        resume. One output directory holds one run, as with Hugging Face's
-        overwrite_output_dir: if it already holds another run's checkpoints
-        or model, a fresh run is refused (ValueError naming it), or with
-        overwrite_output_dir they are deleted first, and said so. Only
-        process 0 writes, so only it looks; with several processes they all
-        stop together if it finds a problem.
-        """
-        error, report = None, None
-        if self.is_main_process:
-            try:
-                if self.args.memory_report:
-                    report = _StepReport(self.args.memory_report)
-                if self.args.output_dir is not None:
-                    serialization.check_writable(self.args.output_dir)
-                    serialization.check_file_writable(Path(self.args.output_dir) / MODEL_NAME)  # not a folder
-                    removed = serialization.remove_stale_temporary_files(self.args.output_dir)
-                    if removed:
-                        print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
-                              f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
-                    if fresh:
-                        self._claim_output_dir()
-            except (OSError, ValueError, ImportError) as e:
-                error = e
-        if self.distributed is not None:
-            self.distributed.raise_if_any(error)
-        elif error is not None:
-            raise error
-        return report
     def _check_ranks_start_together(self):
         """Every process must start from the same parameters (after a resume too: the same checkpoint)."""
         try:
