@@ -257,7 +257,9 @@ class TrainingArguments:
         policies.resolve(policy)  # an unknown name fails here, with the names it could be
         segments = kwargs.get("segments", "every")
         if not (segments in ("every", "sqrt") or _is_count(segments, 1)
-                or (isinstance(segments, list) and all(_is_count(b, 0) for b in segments))):
+                or (isinstance(segments, list) and (all(_is_count(b, 0) for b in segments)  # boundaries
+                                                    or all(isinstance(b, (tuple, list)) and len(b) == 3
+                                                           for b in segments)))):  # (start, stop, checkpointed)
             raise ValueError(
                 f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of block "
                 f"boundaries such as [2, 4] (an int: the number of segments, at least 1), got {segments!r}"
