@@ -183,3 +183,19 @@ def test_running_out_of_memory_while_tokenising_names_the_data(tmp_path, monkeyp
     monkeypatch.setattr(data.CharTokenizer, "encode", out_of_memory)
     with pytest.raises(ValueError, match=r"'.*text.txt' does not fit in memory once tokenised; give --data a smaller"):
         data.load_char_datasets(path, block_size=8)
+
+
+def test_a_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    path = tmp_path / "locked.txt"
+    path.write_text("some text")
+
+    def denied(self):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(PermissionError, match=r"data file '.*locked.txt' cannot be read \(Permission denied\); give "
+                                              r"--data a file you can read"):
+        data.load_text(path)

@@ -78,6 +78,9 @@ def load_text(path=None):
     except MemoryError:
         raise ValueError(f"data file {where} ({format_bytes(size)}) does not fit in memory; give --data a smaller "
                          "file") from None
+    except OSError as e:  # no permission, a disk error
+        raise type(e)(e.errno, f"data file {where} cannot be read ({e.strerror}); give --data a file you can "
+                               "read") from None
     if b"\0" in raw:
         raise ValueError(f"data file {where} is binary, not text (it holds a NUL byte at byte {raw.index(0)}); "
                          "give --data a UTF-8 text file")
