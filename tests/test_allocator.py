@@ -68,38 +68,69 @@ def test_keep_freed_memory_must_be_a_bool():
         TrainingArguments(keep_freed_memory="yes")
 
 
-@glibc
-def test_the_train_command_applies_it_and_says_so(tmp_path):
-    text = tmp_path / "tiny.txt"
-    text.write_text("the cat sat on the mat. " * 100)
-    script = textwrap.dedent(f"""
-        from tinygrad_ckpt import cli
+def counting_calls(body):
+    """A script that counts allocator.keep_freed_memory's calls while `body` runs, then prints 'calls N'."""
+    return textwrap.dedent("""
         import tinygrad_ckpt.allocator as allocator
         calls = []
         keep = allocator.keep_freed_memory
         allocator.keep_freed_memory = lambda: calls.append(1) or keep()
-        code = cli.main(["train", "--data", {str(text)!r}, "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
-                         "--block-size", "16", "--max-steps", "2", "--sample-chars", "0", "--keep-freed-memory"])
-        print("calls", len(calls), "code", code)
-    """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "allocator: freed memory is kept for the next step" in result.stdout
-    assert "calls 1 code 0" in result.stdout
+    """) + textwrap.dedent(body) + '\nprint("calls", len(calls))\n'
 
 
 @glibc
-def test_bench_applies_it_and_its_notes_say_so(tmp_path):
+@pytest.mark.parametrize("flag, calls, says", [
+    ([], 1, "allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator; this "
+            "command's default, --no-keep-freed-memory leaves the C library's)"),
+    (["--no-keep-freed-memory"], 0, "allocator: the C library's default (--no-keep-freed-memory)"),
+])
+def test_the_train_command_owns_its_process_it_keeps_freed_memory_unless_told_not_to(tmp_path, flag, calls, says):
+    text = tmp_path / "tiny.txt"
+    text.write_text("the cat sat on the mat. " * 100)
+    script = counting_calls(f"""
+        from tinygrad_ckpt import cli
+        code = cli.main(["train", "--data", {str(text)!r}, "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
+                         "--block-size", "16", "--max-steps", "2", "--sample-chars", "0", *{flag!r}])
+        print("code", code)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert says in result.stdout
+    assert f"code 0\ncalls {calls}" in result.stdout
+
+
+def test_the_library_changes_nothing_unless_asked(tmp_path):
+    """Importing every module, building the command line's parser, and training with default arguments: no call."""
+    script = counting_calls("""
+        import numpy
+        import tinygrad_ckpt, tinygrad_ckpt.cli, tinygrad_ckpt.bench, tinygrad_ckpt.fit
+        from tinygrad_ckpt.data import CharDataset
+        from tinygrad_ckpt.nn import GPT, GPTConfig
+        from tinygrad_ckpt.train import TrainingArguments, Trainer
+        tinygrad_ckpt.cli.build_parser()
+        model = GPT(GPTConfig(block_size=8, vocab_size=5, n_layer=1, n_head=2, n_embd=8),
+                    rng=numpy.random.default_rng(0))
+        data = CharDataset(numpy.arange(100) % 5, block_size=8)
+        Trainer(model, TrainingArguments(max_steps=1, disable_tqdm=True, logging_steps=0), data).train()
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("calls 0")
+
+
+@glibc
+def test_bench_keeps_freed_memory_by_default_and_its_notes_say_so(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tinygrad_ckpt", "bench", "--profile", "--tiny", "--repeats", "1",
-                             "--keep-freed-memory", "--output-dir", str(tmp_path)],
+                             "--output-dir", str(tmp_path)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     notes = (tmp_path / "profile.md").read_text()
     assert "- allocator: glibc keeps freed memory: blocks under 32 MiB come from the heap" in notes
 
 
-def test_without_the_flag_the_bench_notes_name_the_default(tmp_path):
+def test_with_no_keep_freed_memory_the_bench_notes_name_the_default(tmp_path):
     from tinygrad_ckpt import cli
 
-    assert cli.main(["bench", "--profile", "--tiny", "--repeats", "1", "--output-dir", str(tmp_path)]) == 0
+    assert cli.main(["bench", "--profile", "--tiny", "--repeats", "1", "--no-keep-freed-memory",
+                     "--output-dir", str(tmp_path)]) == 0
     assert "- allocator: the C library's default" in (tmp_path / "profile.md").read_text()

@@ -243,6 +243,17 @@ def one_line_error(argv, capsys):
     (["--save-total-limit", "0"], "save_total_limit must be an integer >= 1 or None"),
     (["--accumulation-dtype", "int8"], "accumulation_dtype must be a floating dtype"),
     (["--n-head", "3"], r"n_embd \(16\) must be divisible by n_head \(3\)"),
+    (["--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"segments": "sqrtt"}'],
+     r"gradient_checkpointing_kwargs\['segments'\] must be 'every', 'sqrt', an int or a list of block boundaries"),
+    (["--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"segments": [1, "a"]}'],
+     r"gradient_checkpointing_kwargs\['segments'\] must be"),
+    (["--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"segments": 0}'],
+     r"gradient_checkpointing_kwargs\['segments'\] must be"),
+    (["--gradient-checkpointing", "--gradient-checkpointing-kwargs", '{"split_blocks": true, "segments": 9}'],
+     r"segments must be between 1 and the number of layers \(2\), got 9"),
+    (["--save-steps", "2"], r"save_steps=2 needs output_dir, .* set output_dir \(--output-dir\)"),
+    (["--memory-report", ""], r"memory_report must be the path of an HTML file to write"),
+    (["--memory-report", "."], r"memory_report: '\.' is a directory; give the path of a file in it"),
 ])
 def test_bad_flag_values_are_one_line_errors(flags, message, capsys):
     err = one_line_error(["train", *TINY, "--max-steps", "1", "--sample-chars", "0", *flags], capsys)
@@ -309,3 +320,82 @@ def test_the_command_line_error_is_one_line_in_a_real_process():
                          text=True, timeout=60)
     assert run.returncode == 2 and run.stderr.strip().splitlines() == [
         "tinygrad-ckpt train: error: unrecognized arguments: --lr 1e-3 (see tinygrad-ckpt train --help)"]
+
+
+def test_a_fresh_run_into_another_runs_output_dir_is_refused_in_one_line(tmp_path, capsys):
+    text = tmp_path / "tiny.txt"
+    text.write_text("abcdefgh " * 100)
+    common = ["train", "--data", str(text), *TINY, "--per-device-train-batch-size", "2", "--sample-chars", "0",
+              "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
+    assert cli.main(common) == 0
+    capsys.readouterr()
+    err = one_line_error(common, capsys)
+    assert f"output directory '{tmp_path / 'out'}' already holds another run (checkpoint-2.npz, model.npz)" in err
+    assert "--resume" in err and "--overwrite-output-dir" in err
+    assert cli.main([*common, "--overwrite-output-dir"]) == 0
+    assert "deleted the previous run's 2 file(s)" in capsys.readouterr().err
+
+
+def test_resume_with_a_shorter_data_file_finishes_in_a_real_process(tmp_path):
+    """The position of a checkpoint past the end of the shorter data's epoch: the next epoch, not a loop."""
+    text, short = tmp_path / "text.txt", tmp_path / "short.txt"
+    text.write_text("the cat sat on the mat. " * 200)  # 299 examples of 16: 75 micro-batches of 4
+    short.write_text(text.read_text()[:700])  # 43 examples: 11 micro-batches
+    command = [sys.executable, "-m", "tinygrad_ckpt", "train", *TINY, "--per-device-train-batch-size", "4",
+               "--sample-chars", "0", "--val-fraction", "0", "--output-dir", str(tmp_path / "out")]
+    first = subprocess.run([*command, "--data", str(text), "--max-steps", "12"], capture_output=True, text=True,
+                           timeout=120)
+    assert first.returncode == 0, first.stderr
+    resumed = subprocess.run([*command, "--data", str(short), "--max-steps", "15", "--resume"], capture_output=True,
+                             text=True, timeout=120)  # a hang fails here
+    assert resumed.returncode == 0, resumed.stderr
+    assert ("resume: the training data has 43 examples, the checkpoint's run had 299; it stopped at micro-batch 12 "
+            "of epoch 0, past this data's 11 per epoch: continuing at the start of epoch 1") in resumed.stderr
+    assert "training loss:" in resumed.stdout and "(step 15)" in resumed.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/zero and RLIMIT_AS, as on Linux")
+def test_data_that_never_ends_is_named_as_such_not_as_a_batch_too_large(tmp_path):
+    import resource
+
+    def at_most_4_gib():  # were /dev/zero read, the process would stop at this, not take the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    run = subprocess.run([sys.executable, "-m", "tinygrad_ckpt", "train", "--data", "/dev/zero", *TINY],
+                         capture_output=True, text=True, timeout=60, preexec_fn=at_most_4_gib)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        "tinygrad-ckpt train: error: data path '/dev/zero' is a character device, which may never end (as "
+        "/dev/zero), not a text file; give --data a regular file (save a stream to a file first)"], run.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fit", "--memory", "h300"], r"--memory 'h300' is neither a GPU preset \(t4, .*h100-80gb, h200\) nor a size"),
+    (["fit", "--memory", "1e400GB"], r"--memory '1e400GB' is neither a GPU preset"),
+    (["fit", "--reserve", "1e400GB"], r"--reserve '1e400GB' is not a size"),
+    (["verify", "--seed", "-1"], r"--seed must be 0 or more"),
+    (["bench", "--tiny", "--no-plots", "--output-dir", "{file}"], r"output directory '.*a_file' is not writable "
+                                                                   r"\(File exists\); choose another output directory"),
+    (["train", *TINY, "--output-dir", "{file}/out"], r"output directory '.*a_file/out' is not writable"),
+])
+def test_every_subcommands_bad_values_are_one_line_errors(argv, message, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    err = one_line_error([a.replace("{file}", str(tmp_path / "a_file")) for a in argv], capsys)
+    assert re.search(message, err) and "Errno" not in err, err
+
+
+@pytest.mark.parametrize("command, advice", [("train", "--per-device-train-batch-size"), ("verify", "--batch-size"),
+                                             ("bench", "--quick")])
+def test_out_of_memory_advice_names_the_commands_own_flags(command, advice):
+    text = cli._one_line(MemoryError("Unable to allocate 23.3 TiB"), command)
+    assert text.startswith("out of memory (Unable to allocate 23.3 TiB); try") and advice in text
+
+
+def test_a_model_too_large_for_memory_names_the_model_flags_not_the_batch(monkeypatch, capsys):
+    def too_large(*args, **kwargs):
+        raise MemoryError("Unable to allocate 21.8 TiB for an array with shape (3000000, 1000000)")
+
+    monkeypatch.setattr(cli, "GPT", too_large)
+    err = one_line_error(["train", *TINY, "--max-steps", "1"], capsys)
+    assert ("the model and its optimizer state do not fit in memory (Unable to allocate 21.8 TiB for an array with "
+            "shape (3000000, 1000000)); use a smaller --n-embd, --n-layer or --block-size") in err
+    assert "--per-device-train-batch-size" not in err

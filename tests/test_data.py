@@ -1,5 +1,7 @@
 """The embedded text, the character tokenizer, splitting, examples, order and batching."""
 
+import re
+
 import numpy
 import pytest
 from hypothesis import given
@@ -116,3 +118,84 @@ def test_user_file_errors(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00abc")
     with pytest.raises(ValueError, match="UTF-8"):
         data.load_char_datasets(binary)
+
+
+# -- a data file that cannot be read is named as such, before it is read ---------------------------
+@pytest.fixture
+def within_10_seconds():
+    """A read that would block or never end fails the test instead (SIGALRM)."""
+    import signal
+
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("needs signal.setitimer (POSIX)")
+
+    def stop(signum, frame):
+        raise TimeoutError("still reading after 10 s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 10)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_path_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path, kind, within_10_seconds):
+    import os
+
+    if kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("named pipes are POSIX")
+        path, says = tmp_path / "pipe", "is a named pipe (FIFO)"
+        os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    else:
+        if not os.path.exists(kind):
+            pytest.skip("no /dev/zero here")
+        path, says = kind, "is a character device, which may never end"
+    with pytest.raises(ValueError, match=rf"data path '{path}' {re.escape(says)}.*give --data a regular file"):
+        data.load_char_datasets(path, block_size=8)
+
+
+def test_a_file_larger_than_the_memory_available_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "huge.txt"
+    with open(path, "wb") as f:
+        f.truncate(2**20)  # a sparse MiB: instant to make, and only NUL bytes if it were read
+    monkeypatch.setattr(data, "_available_memory", lambda: 2**20)
+    with pytest.raises(ValueError, match=r"data file '.*huge.txt' is 1.00 MiB: reading and tokenising it takes "
+                                         r"about 20.00 MiB, more than the 1.00 MiB of memory available"):
+        data.load_text(path)
+
+
+def test_a_binary_file_is_named_binary(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"text at first" + bytes(range(256)) * 4)  # NUL is valid UTF-8, so it would decode
+    with pytest.raises(ValueError, match=r"'.*weights.bin' is binary, not text \(it holds a NUL byte at byte 13\)"):
+        data.load_text(path)
+
+
+def test_running_out_of_memory_while_tokenising_names_the_data(tmp_path, monkeypatch):
+    path = tmp_path / "text.txt"
+    path.write_text("the cat sat on the mat. " * 20)
+
+    def out_of_memory(self, text):
+        raise MemoryError
+
+    monkeypatch.setattr(data.CharTokenizer, "encode", out_of_memory)
+    with pytest.raises(ValueError, match=r"'.*text.txt' does not fit in memory once tokenised; give --data a smaller"):
+        data.load_char_datasets(path, block_size=8)
+
+
+def test_a_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    path = tmp_path / "locked.txt"
+    path.write_text("some text")
+
+    def denied(self):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(PermissionError, match=r"data file '.*locked.txt' cannot be read \(Permission denied\); give "
+                                              r"--data a file you can read"):
+        data.load_text(path)

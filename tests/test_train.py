@@ -607,3 +607,222 @@ def test_temporary_files_of_an_interrupted_save_are_removed_at_start(tmp_path, c
     Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), dataset()).train()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1.npz", "model.npz"]
     assert "removed 2 temporary file(s) left by an interrupted save" in capsys.readouterr().err
+
+
+# -- a stored position is checked against the data before the first step (resume never hangs) -----
+class TookTooLong(Exception):
+    pass
+
+
+@pytest.fixture
+def within_20_seconds():
+    """A test that would hang fails instead: SIGALRM raises in the main thread after 20 s."""
+    import signal
+
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("needs signal.setitimer (POSIX)")
+
+    def stop(signum, frame):
+        raise TookTooLong("still running after 20 s: the resumed run loops without taking a step")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 20)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def saved_run(out, **kw):
+    """A run of 11 examples, batch 2 (6 micro-batches an epoch), a checkpoint after every step."""
+    Trainer(tiny_gpt(), args(output_dir=str(out), per_device_train_batch_size=2, max_steps=5, save_steps=1, **kw),
+            dataset(n_tokens=11 * T + 1)).train()
+    return out
+
+
+def test_resume_with_fewer_examples_continues_at_the_next_epoch(tmp_path, capsys, within_20_seconds):
+    out = saved_run(tmp_path)  # checkpoint-4: epoch 0, micro-batch 4 of 6
+    shorter = Recording(dataset(n_tokens=7 * T + 1))  # 7 examples: 4 micro-batches an epoch
+    resumed = Trainer(tiny_gpt(), args(per_device_train_batch_size=2, max_steps=7), shorter)
+    history = resumed.train(resume_from_checkpoint=out / "checkpoint-4.npz")
+    assert [e["step"] for e in history if "loss" in e][-3:] == [5, 6, 7]
+    assert (resumed.state.epoch, resumed.state.micro_step) == (1, 3)  # epoch 1 from its start: 3 steps
+    err = capsys.readouterr().err
+    assert "the training data has 7 examples, the checkpoint's run had 11" in err
+    assert "continuing at the start of epoch 1" in err
+    assert sorted(shorter.reads[:6]) == sorted(int(i) for i in
+                                               __import__("tinygrad_ckpt").data.epoch_order(7, 3, 1)[:6])
+
+
+def test_resume_with_more_examples_says_the_order_changed(tmp_path, capsys, within_20_seconds):
+    out = saved_run(tmp_path)
+    resumed = Trainer(tiny_gpt(), args(per_device_train_batch_size=2, max_steps=6), dataset(n_tokens=15 * T + 1))
+    resumed.train(resume_from_checkpoint=out / "checkpoint-4.npz")
+    assert resumed.state.global_step == 6
+    assert "continuing at micro-batch 4 of epoch 0, in this data's order" in capsys.readouterr().err
+
+
+def craft(path, change):
+    """Rewrite a checkpoint with change(checkpoint) applied: a file whose bytes are whole but whose fields lie."""
+    from tinygrad_ckpt import serialization
+
+    checkpoint = serialization.load(path)
+    change(checkpoint)
+    serialization.save(path, model=checkpoint["model"], optimizer=checkpoint["optimizer"], extra=checkpoint["extra"])
+    return path
+
+
+def position(**values):
+    return lambda checkpoint: checkpoint["extra"]["trainer_state"].update(values)
+
+
+@pytest.mark.parametrize("change, message", [
+    (position(micro_step=50), r"micro_step 50 is past the end of an epoch of 6 micro-batches"),
+    (position(micro_step=6), r"micro_step 6 is past the end of an epoch of 6"),
+    (position(epoch=10**6), r"\(epoch 1000000, micro_step 4\) is more than global_step=4"),
+    (position(global_step=1), r"is more than global_step=1"),
+    (position(nonfinite_steps=9), r"skipped steps .* exceed global_step=4"),
+    (position(consecutive_nonfinite_steps=2, nonfinite_steps=1), r"skipped steps"),
+    (position(global_step=-1), r"bad step count"),
+    (position(log_history=[{"step": 99, "loss": 1.0}]), r"log history holds a step outside 0..global_step=4"),
+    (lambda c: c["extra"].update(batch_layout=[2, 0, 3]), r"'batch_layout' is not"),
+    (lambda c: c["extra"].update(train_examples=0), r"'train_examples' is not"),
+    (lambda c: c["extra"].update(world_size=0), r"'world_size' is not"),
+    (lambda c: c["extra"].update(run_id="../x"), r"'run_id' is not"),
+    (lambda c: c["optimizer"]["hyper"].update(betas=[0.9, 1.5]), r"the optimizer's betas is \[0.9, 1.5\]; it must "
+                                                                    r"be numbers in \[0, 1\)"),
+    (lambda c: c["optimizer"]["hyper"].update(lr=-1.0), r"the optimizer's lr is -1.0; it must be a finite number >= 0"),
+    (lambda c: c["optimizer"]["hyper"].update(eps=0.0), r"the optimizer's eps is 0.0"),
+    (lambda c: c["optimizer"]["hyper"].update(weight_decay=float("nan")), r"the optimizer's weight_decay is nan"),
+    (lambda c: c["optimizer"]["state"]["exp_avg_sq"][0].__setitem__(0, -1.0), r"exp_avg_sq/0, a mean of squares"),
+    (lambda c: c["optimizer"]["steps"].__setitem__(0, 9), r"its optimizer has taken more steps \(9\) than "
+                                                              r"global_step=4"),
+])
+def test_every_stored_field_is_range_checked(tmp_path, within_20_seconds, change, message):
+    from tinygrad_ckpt.serialization import CheckpointError
+
+    path = craft(saved_run(tmp_path) / "checkpoint-4.npz", change)
+    trainer = Trainer(tiny_gpt(), args(per_device_train_batch_size=2, max_steps=8), Recording(dataset(n_tokens=11 * T + 1)))
+    with pytest.raises(CheckpointError, match=message):
+        trainer.train(resume_from_checkpoint=path)
+    assert trainer.train_dataset.reads == []
+
+
+def test_a_position_not_at_a_step_boundary_is_refused(tmp_path, within_20_seconds):
+    from tinygrad_ckpt.serialization import CheckpointError
+
+    saved_run(tmp_path, gradient_accumulation_steps=2)
+    path = craft(tmp_path / "checkpoint-2.npz", position(micro_step=1))
+    trainer = Trainer(tiny_gpt(), args(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8),
+                      dataset(n_tokens=11 * T + 1))
+    with pytest.raises(CheckpointError, match=r"micro_step 1 is not at the start of an optimizer step"):
+        trainer.train(resume_from_checkpoint=path)
+
+
+def test_an_old_checkpoint_without_its_data_size_past_the_epoch_moves_on(tmp_path, capsys, within_20_seconds):
+    def old_and_far(checkpoint):  # written before train_examples was stored, its micro_step beyond this data
+        del checkpoint["extra"]["train_examples"]
+        checkpoint["extra"]["trainer_state"].update(global_step=60, micro_step=50)
+
+    path = craft(saved_run(tmp_path) / "checkpoint-4.npz", old_and_far)
+    path = path.rename(tmp_path / "checkpoint-60.npz")
+    trainer = Trainer(tiny_gpt(), args(per_device_train_batch_size=2, max_steps=62), dataset(n_tokens=11 * T + 1))
+    trainer.train(resume_from_checkpoint=path)
+    assert (trainer.state.global_step, trainer.state.epoch) == (62, 1)
+    assert "continuing at the start of epoch 1" in capsys.readouterr().err
+
+
+# -- one run per output directory ----------------------------------------------------------------
+def test_a_fresh_run_refuses_a_directory_that_holds_another_run(tmp_path, capsys):
+    from tinygrad_ckpt import serialization
+    from tinygrad_ckpt.train import sorted_checkpoints
+
+    Trainer(tiny_gpt(), args(max_steps=3, save_steps=1, output_dir=str(tmp_path)), dataset()).train()
+    data = Recording(dataset())
+    again = Trainer(tiny_gpt(), args(max_steps=2, output_dir=str(tmp_path)), data)
+    with pytest.raises(ValueError, match=r"output directory '.*' already holds another run \(checkpoint-3.npz, "
+                                         r"checkpoint-2.npz, checkpoint-1.npz, model.npz\): continue it with --resume .*"
+                                         r"--overwrite-output-dir"):
+        again.train()
+    assert data.reads == [] and len(sorted_checkpoints(tmp_path)) == 3
+
+    fresh = Trainer(tiny_gpt(), args(max_steps=2, save_steps=1, output_dir=str(tmp_path), overwrite_output_dir=True),
+                    dataset())
+    fresh.train()
+    assert "overwrite_output_dir: deleted the previous run's 4 file(s)" in capsys.readouterr().err
+    assert [step for step, _ in sorted_checkpoints(tmp_path)] == [2, 1]  # the old step 3 is gone
+    ids = {serialization.read_extra(path)["run_id"] for _, path in sorted_checkpoints(tmp_path)}
+    assert ids == {fresh.run_id} and re.fullmatch(r"[0-9a-f]{16}", fresh.run_id)
+
+
+def test_resume_never_takes_another_runs_newer_checkpoint(tmp_path):
+    import shutil
+
+    from tinygrad_ckpt.train import sorted_checkpoints
+
+    Trainer(tiny_gpt(), args(max_steps=6, save_steps=3, output_dir=str(tmp_path / "a")), dataset()).train()
+    ours = Trainer(tiny_gpt(), args(max_steps=2, save_steps=1, output_dir=str(tmp_path / "b")), dataset())
+    ours.train()
+    shutil.copy(tmp_path / "a" / "checkpoint-6.npz", tmp_path / "b")  # another run's newer step
+    with pytest.raises(ValueError, match=r"holds the checkpoints of 2 different runs .*checkpoint-6.npz.*; move the "
+                                         r"other run's checkpoints away, or resume from one file"):
+        Trainer(tiny_gpt(), args(max_steps=4, output_dir=str(tmp_path / "b")), dataset()).train(resume_from_checkpoint=True)
+    (tmp_path / "b" / "checkpoint-6.npz").unlink()
+    resumed = Trainer(tiny_gpt(), args(max_steps=4, save_steps=1, output_dir=str(tmp_path / "b")), dataset())
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.run_id == ours.run_id  # a resumed run is the same run: its checkpoints say so
+    assert [step for step, _ in sorted_checkpoints(tmp_path / "b")] == [4, 3, 2, 1]
+    resumed.train(resume_from_checkpoint=True)  # and resumes again without a complaint
+
+
+# -- everything that will be written is checked before the first step ---------------------------
+@pytest.mark.parametrize("where, message", [
+    ("directory", r"memory_report: '.*' is a directory; give the path of a file in it"),
+    ("missing", r"memory_report: the folder of '.*step.html', .* does not exist"),
+    ("proc", r"memory_report: '/proc/step.html' cannot be written"),
+])
+def test_the_memory_report_path_is_checked_before_the_first_step(tmp_path, where, message):
+    import sys as _sys
+
+    if where == "proc" and not _sys.platform.startswith("linux"):
+        pytest.skip("/proc is Linux's")
+    path = {"directory": str(tmp_path), "missing": str(tmp_path / "no" / "step.html"), "proc": "/proc/step.html"}[where]
+    data = Recording(dataset())
+    with pytest.raises(OSError, match=message):
+        Trainer(tiny_gpt(), args(max_steps=1, memory_report=path), data).train()
+    assert data.reads == []
+
+
+def test_save_steps_without_an_output_dir_is_an_error():
+    with pytest.raises(ValueError, match=r"save_steps=5 needs output_dir, where the checkpoints are written; set "
+                                         r"output_dir \(--output-dir\) or save_steps=0"):
+        args(save_steps=5)
+
+
+def test_resuming_into_another_runs_output_dir_is_refused_before_anything_is_restored(tmp_path, capsys):
+    from tinygrad_ckpt.train import sorted_checkpoints
+
+    Trainer(tiny_gpt(), args(max_steps=4, save_steps=2, output_dir=str(tmp_path / "a")), dataset()).train()
+    Trainer(tiny_gpt(), args(max_steps=2, save_steps=1, output_dir=str(tmp_path / "b")), dataset()).train()
+    model = tiny_gpt(seed=4)
+    before = model.state_dict()
+    into_b = Trainer(model, args(max_steps=6, output_dir=str(tmp_path / "b")), dataset())
+    with pytest.raises(ValueError, match=r"output directory '.*b' holds another run's checkpoints \(run [0-9a-f]+: "
+                                         r"checkpoint-2.npz, checkpoint-1.npz\), not those of the run '.*checkpoint-4.npz' "
+                                         r"continues .*--overwrite-output-dir"):
+        into_b.train(resume_from_checkpoint=tmp_path / "a" / "checkpoint-4.npz")
+    for name, value in model.state_dict().items():
+        numpy.testing.assert_array_equal(value, before[name])
+    replacing = Trainer(tiny_gpt(), args(max_steps=6, save_steps=2, output_dir=str(tmp_path / "b"),
+                                         overwrite_output_dir=True), dataset())
+    replacing.train(resume_from_checkpoint=tmp_path / "a" / "checkpoint-4.npz")
+    assert "overwrite_output_dir: deleted another run's checkpoints" in capsys.readouterr().err
+    assert [step for step, _ in sorted_checkpoints(tmp_path / "b")] == [6]
+    replacing.train(resume_from_checkpoint=True)  # b now holds one run, the one resumed from a
+
+
+def test_a_model_path_taken_by_a_folder_is_said_before_the_first_step(tmp_path):
+    (tmp_path / "model.npz").mkdir()
+    data = Recording(dataset())
+    with pytest.raises(OSError, match=r"model.npz' is a directory"):
+        Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), data).train()
+    assert data.reads == []

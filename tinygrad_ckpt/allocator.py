@@ -27,8 +27,9 @@ torch.cuda.memory_reserved() is "the current GPU memory managed by the caching
 allocator", and empty_cache() releases "all unoccupied cached memory currently
 held by the caching allocator" (torch/cuda/memory.py). It is a setting of the whole process, not of this
 package, which is why the package never calls it on import: the Trainer calls
-it when TrainingArguments.keep_freed_memory is set, and `tinygrad-ckpt bench`
-when given --keep-freed-memory. The arrays the engine counts (memory.py) are
+it when TrainingArguments.keep_freed_memory is set (False unless asked). The
+command line owns its process, so `tinygrad-ckpt train` and `bench` call it
+by default (--no-keep-freed-memory: they do not). The arrays the engine counts (memory.py) are
 the same either way; only what the process holds after a step differs (its
 resident size stays at the step's peak).
 

@@ -51,11 +51,14 @@ from .train import TrainingArguments, Trainer
 # from 4.2 to about 2.1 (validation about 2.15). Measured on the 2-core
 # development machine; tokens/s are printed as it runs. These are the demo's
 # only departures from GPTConfig's and TrainingArguments' defaults.
+# keep_freed_memory: the command owns its process, so it keeps what a step
+# frees for the next step (allocator.py; 27 % of the default run's time went
+# to faulting it in again); the library never does unless asked.
 DEFAULTS = dict(
     block_size=64, n_layer=3, n_head=4, n_embd=96, dropout=0.0,  # the model (GPTConfig)
     per_device_train_batch_size=16, per_device_eval_batch_size=32, max_steps=500, learning_rate=6e-3,
     warmup_steps=20, lr_scheduler_type="cosine", adam_beta2=0.99, logging_steps=50, logging_first_step=True,
-    seed=0,
+    seed=0, keep_freed_memory=True,
 )
 
 # The exceptions that mean "the input is wrong", not "the program is wrong":
@@ -199,9 +202,13 @@ def _train(args, parallel):
         block_size=args.block_size, vocab_size=tokenizer.vocab_size, n_layer=args.n_layer,
         n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout,
     )
-    model = GPT(config, rng=numpy.random.default_rng(args.seed), device=args.device)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data, tokenizer=tokenizer,
-                      distributed=parallel)
+    try:
+        model = GPT(config, rng=numpy.random.default_rng(args.seed), device=args.device)
+        trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data,
+                          tokenizer=tokenizer, distributed=parallel)
+    except MemoryError as e:  # the model itself, before any batch: the batch advice would not help
+        raise ValueError(f"the model and its optimizer state do not fit in memory ({e or 'MemoryError'}); use a "
+                         "smaller --n-embd, --n-layer or --block-size") from None
 
     n_params = sum(p.numel() for p in trainer.optimizer.params)
     print(
@@ -253,11 +260,12 @@ def training_header(trainer):
         f"started; each of the {world} processes holds as much (its own model, gradients, optimizer state, "
         "buffers and activations)",
     ]
-    lines.append("allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator); "
-                 "'mem' and 'peak' count the arrays, not the freed memory malloc keeps"
+    lines.append("allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator; "
+                 "this command's default, --no-keep-freed-memory leaves the C library's); 'mem' and 'peak' count "
+                 "the arrays, not the freed memory malloc keeps"
                  if args.keep_freed_memory else
-                 "allocator: the C library's default: what a step frees may go back to the system, to be faulted "
-                 "in again by the next step (--keep-freed-memory keeps it)")
+                 "allocator: the C library's default (--no-keep-freed-memory): what a step frees may go back to "
+                 "the system, to be faulted in again by the next step")
     if args.logging_steps:
         every = "every optimizer step" if args.logging_steps == 1 else f"every {args.logging_steps} optimizer steps"
         lines.append(f"logging: {every}{' and after the first' if args.logging_first_step and args.logging_steps > 1 else ''}; "
@@ -341,7 +349,7 @@ def main(argv=None):
         if args.debug:
             abort_if_running(2, traceback=True)
             raise
-        print(f"tinygrad-ckpt {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"tinygrad-ckpt {args.command}: error: {_one_line(e, args.command)}", file=sys.stderr)
         abort_if_running(2)  # under mpiexec: stop the other processes too, or they would wait forever
         return 2
     except Exception:
@@ -349,11 +357,22 @@ def main(argv=None):
         raise
 
 
-def _one_line(error):
+# What to try when a command runs out of memory: the flags of that command.
+MEMORY_ADVICE = {
+    "train": "try a smaller --per-device-train-batch-size with more --gradient-accumulation-steps, or "
+             "--gradient-checkpointing",
+    "verify": "try a smaller --batch-size or a smaller model (--n-layer, --n-embd, --mlp-width)",
+    "bench": "try --quick",
+}
+
+
+def _one_line(error, command="train"):
     """The error's message on one line (a message listing several problems is joined with '; ')."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = str(error)
+    if isinstance(error, OSError) and error.strerror:  # without "[Errno 13]"
+        message = error.strerror if error.filename is None else f"{error.filename!r}: {error.strerror}"
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
     text = lines[0].rstrip(":") + (": " + "; ".join(lines[1:]) if len(lines) > 1 else "") if lines else ""
     if isinstance(error, MemoryError):
-        text = (f"out of memory ({text or type(error).__name__}); try a smaller --per-device-train-batch-size "
-                "with more --gradient-accumulation-steps, or --gradient-checkpointing")
+        text = f"out of memory ({text or type(error).__name__}); {MEMORY_ADVICE.get(command, MEMORY_ADVICE['train'])}"
     return text or type(error).__name__

@@ -175,15 +175,16 @@ def device_memory_bytes(memory):
             return gib * GiB, f"{name}, {gib} GiB nominal"
         number = key.rstrip("abcdefghijklmnopqrstuvwxyz ")
         unit = key[len(number):].strip() or "b"
-        if unit not in UNITS or not number:
+        try:
+            value = float(number) if unit in UNITS else None
+        except ValueError:  # 'h300', 'a100': a GPU's name this table does not have
+            value = None
+        if value is None or not math.isfinite(value):
             raise ValueError(f"device memory {memory!r} is neither a GPU preset ({', '.join(GPUS)}) nor a size "
                              "such as 24GiB, 16GB or 17179869184")
-        try:
-            value = float(number)
-        except ValueError:
-            raise ValueError(f"device memory {memory!r}: {number!r} is not a number") from None
         memory = int(value * UNITS[unit])
-    if isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0 or memory != memory:
+    if (isinstance(memory, bool) or not isinstance(memory, (int, float)) or not math.isfinite(memory)
+            or memory <= 0):
         raise ValueError(f"device memory must be a positive size, got {memory!r}")
     memory = int(memory)
     return memory, _size(memory)

@@ -42,6 +42,7 @@ save during training and which checkpoints to keep (train.py).
 """
 
 import contextlib
+import errno
 import io
 import json
 import math
@@ -156,6 +157,27 @@ def check_writable(directory):
                                "choose another output directory") from None
 
 
+def check_file_writable(path):
+    """Prove that atomic_write(path) can succeed, before the work that makes the file; OSError naming it if not.
+
+    The path must not be a directory, and its folder must exist and take a
+    new file (atomic_write writes a temporary file there, then renames it).
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"{path!r} is a directory; give the path of a file in it")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(errno.ENOENT, f"the folder of {path!r}, {folder}, does not exist; create it or "
+                                              "choose another path")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise type(e)(e.errno, f"{path!r} cannot be written: its folder {folder} does not take a new file "
+                               f"({e.strerror}); choose another path") from None
+
+
 def save(path, model=None, optimizer=None, extra=None):
     """Write model.state_dict(), optimizer.state_dict() and `extra` to one .npz file, atomically.
 
@@ -226,6 +248,26 @@ def load(path):
     for key in meta["extra_arrays"]:
         extra[key] = entries[f"extra/{key}"]
     return {"model": model, "optimizer": optimizer, "extra": extra}
+
+
+def read_extra(path):
+    """The `extra` dict of a checkpoint, reading only its metadata (not its arrays): to sort many files quickly.
+
+    Checks the metadata entry's CRC-32 and that it is a JSON object with a
+    dict `extra`; CheckpointError if not. Use load() for a file you will use.
+    """
+    path = os.fspath(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            raw = _parse_npy(archive.read("__meta__.npy"), "__meta__", path)
+        meta = json.loads(str(raw))
+    except (PermissionError, IsADirectoryError, FileNotFoundError):
+        raise
+    except Exception as e:  # damage, as in _read_entries
+        raise CheckpointError(f"{path!r} is corrupt or not a checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("extra"), dict):
+        raise CheckpointError(f"{path!r} is corrupt or not a checkpoint: its metadata holds no 'extra' dict")
+    return meta["extra"]
 
 
 def _read_entries(path):

@@ -34,8 +34,18 @@ What the Trainer guards, so that a run never loses a good state:
     damaged ones and saying so; one written by another model configuration,
     tokenizer or batch layout is an error naming the difference, and nothing
     is restored unless all of it can be.
-  - before the first step: the output directory must be writable, and the
-    temporary files of a save that was killed are removed.
+  - one output directory holds one run: each checkpoint carries its run's
+    id, a fresh run refuses a directory that holds another run's output
+    (unless overwrite_output_dir, which deletes it, as Hugging Face's
+    example scripts do); resuming refuses a directory whose checkpoints come
+    from two runs, and an output_dir that holds another run's checkpoints
+    than the one it continues.
+  - a checkpoint's position (epoch, micro_step, global_step, the counts of
+    skipped steps) is range-checked when it is read; with fewer training
+    examples than it was written with, a position past the end of an epoch
+    continues at the next epoch, and says so.
+  - before the first step: the output directory and memory_report must be
+    writable, and the temporary files of a save that was killed are removed.
   - with detect_anomaly=True the steps run in anomaly mode (autograd.py):
     the first op whose output or gradient is NaN or infinite stops the run
     with FloatingPointError, naming the op and the line of code that made it.
@@ -56,6 +66,7 @@ import math
 import numbers
 import re
 import os
+import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -95,6 +106,9 @@ class TrainingArguments:
     """
 
     output_dir: str = _field(None, "where checkpoint-<step>.npz and model.npz are written (None: nothing is written)")
+    overwrite_output_dir: bool = _field(
+        False, "start a fresh run even though output_dir holds another run's checkpoint-<step>.npz or model.npz, "
+               "deleting them first (without it such a run is refused: resume it, or choose another output_dir)")
     per_device_train_batch_size: int = _field(
         8, "examples per micro-batch, on each process: one forward and one backward, whose activations are "
            "alive at once; memory grows with it")
@@ -146,7 +160,8 @@ class TrainingArguments:
     keep_freed_memory: bool = _field(
         False, "ask glibc's malloc to keep the memory a step frees for the next step, instead of handing it "
                "back to the system and faulting it in again (tinygrad_ckpt.allocator): faster steps, and the "
-               "process keeps its peak size. A setting of the whole process")
+               "process keeps its peak size. A setting of the whole process: the library's default is False, "
+               "`tinygrad-ckpt train`'s True")
 
     def __post_init__(self):
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
@@ -163,8 +178,8 @@ class TrainingArguments:
             self._check_number(name, "a finite number >= 0", lambda v: v >= 0)
         for name in ("adam_beta1", "adam_beta2"):
             self._check_number(name, "a number in [0, 1)", lambda v: 0 <= v < 1)
-        for name in ("gradient_checkpointing", "logging_first_step", "disable_tqdm", "detect_anomaly",
-                     "keep_freed_memory"):
+        for name in ("overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "disable_tqdm",
+                     "detect_anomaly", "keep_freed_memory"):
             if not isinstance(getattr(self, name), (bool, numpy.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for f in fields(self):
@@ -173,6 +188,9 @@ class TrainingArguments:
                 raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
         if self.output_dir is not None and (not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == ""):
             raise ValueError(f"output_dir must be a directory path or None, got {self.output_dir!r}")
+        if self.save_steps and self.output_dir is None:
+            raise ValueError(f"save_steps={self.save_steps} needs output_dir, where the checkpoints are written; "
+                             "set output_dir (--output-dir) or save_steps=0")
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise ValueError(
                 f"nothing to train: max_steps is {self.max_steps} and num_train_epochs is {self.num_train_epochs}; "
@@ -180,6 +198,7 @@ class TrainingArguments:
             )
         self._check_accumulation_dtype()
         self._check_gradient_checkpointing_kwargs()
+        self._check_memory_report()
 
     def _check_int(self, name, minimum, hint=""):
         value = getattr(self, name)
@@ -237,16 +256,29 @@ class TrainingArguments:
             )
         policies.resolve(policy)  # an unknown name fails here, with the names it could be
         segments = kwargs.get("segments", "every")
-        if not isinstance(segments, (str, int, list)) or isinstance(segments, bool):
+        if not (segments in ("every", "sqrt") or _is_count(segments, 1)
+                or (isinstance(segments, list) and (all(_is_count(b, 0) for b in segments)  # boundaries
+                                                    or all(isinstance(b, (tuple, list)) and len(b) == 3
+                                                           for b in segments)))):  # (start, stop, checkpointed)
             raise ValueError(
-                f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of "
-                f"boundaries, got {segments!r}"
+                f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of block "
+                f"boundaries such as [2, 4] (an int: the number of segments, at least 1), got {segments!r}"
             )
+
+    def _check_memory_report(self):
+        if self.memory_report is not None and (not isinstance(self.memory_report, (str, Path))
+                                               or str(self.memory_report) == ""):
+            raise ValueError(f"memory_report must be the path of an HTML file to write, or None, "
+                             f"got {self.memory_report!r}")
 
     @property
     def effective_batch_size(self):
         """Examples per optimizer step."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
+def _is_count(value, minimum):
+    return isinstance(value, (int, numpy.integer)) and not isinstance(value, bool) and value >= minimum
 
 
 def get_learning_rate(step, args, total_steps):
@@ -338,18 +370,68 @@ def verify_checkpoint(path):
     expect(isinstance(extra.get("rng_states"), list) and all(isinstance(r, dict) for r in extra["rng_states"]),
            "'rng_states' is not a list of generator states")
     layout = extra.get("batch_layout")
-    expect(isinstance(layout, list) and len(layout) == 3 and all(count(v) for v in layout),
+    expect(isinstance(layout, list) and len(layout) == 3 and all(count(v) for v in layout) and min(layout[:2]) >= 1,
            "'batch_layout' is not [per_device_train_batch_size, gradient_accumulation_steps, seed]")
     expect(count(extra.get("world_size", 1)) and extra.get("world_size", 1) >= 1, "'world_size' is not a process count")
-    for key in ("config", "tokenizer"):
+    expect(count(extra.get("train_examples", 1)) and extra.get("train_examples", 1) >= 1,
+           "'train_examples' is not a number of examples")
+    run_id = extra.get("run_id")
+    expect(run_id is None or (isinstance(run_id, str) and re.fullmatch(r"[0-9a-f]{1,64}", run_id)),
+           "'run_id' is not a run id (hexadecimal digits)")
+    for key in ("config", "tokenizer", "training_args"):
         expect(isinstance(extra.get(key, {}), dict), f"{key!r} is not a dict")
+    _check_position(state, layout, extra, checkpoint["optimizer"]["steps"], expect)
     arrays = [(f"model/{name}", a) for name, a in checkpoint["model"].items()]
     arrays += [(f"optimizer/{key}/{i}", a) for key, values in checkpoint["optimizer"]["state"].items()
                for i, a in enumerate(values)]
     for name, array in arrays:
         if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
             raise CheckpointError(f"{where} holds non-finite values (NaN or inf) in {name}; it cannot be resumed from")
+    for name, value in checkpoint["optimizer"]["hyper"].items():
+        holds, requirement = HYPER_RANGES.get(name, (lambda v: True, "a finite number"))
+        values = value if isinstance(value, list) else [value]
+        expect(all(math.isfinite(v) and holds(v) for v in values),
+               f"the optimizer's {name} is {value!r}; it must be {requirement}")
+    for i, array in enumerate(checkpoint["optimizer"]["state"].get("exp_avg_sq", [])):
+        expect(not (array < 0).any(), f"optimizer/exp_avg_sq/{i}, a mean of squares, holds a negative value")
     return checkpoint
+
+
+# What a checkpoint's optimizer hyperparameters may be (a list, such as betas: each of its numbers).
+HYPER_RANGES = {
+    "lr": (lambda v: v >= 0, "a finite number >= 0"),
+    "eps": (lambda v: v > 0, "a finite number > 0"),
+    "betas": (lambda v: 0 <= v < 1, "numbers in [0, 1)"),
+    "weight_decay": (lambda v: v >= 0, "a finite number >= 0"),
+    "momentum": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+}
+
+
+def _check_position(state, layout, extra, optimizer_steps, expect):
+    """The stored position must be one a run reaches: every count in range, the counts consistent.
+
+    Only what the checkpoint itself says is used here; the position against
+    this run's data is Trainer._restore's (a shorter data set moves on to
+    the next epoch).
+    """
+    state = {**asdict(TrainerState()), **state}
+    step, epoch, micro = state["global_step"], state["epoch"], state["micro_step"]
+    B, G, _ = layout
+    expect(micro % G == 0, f"its micro_step {micro} is not at the start of an optimizer step "
+                           f"(a multiple of gradient_accumulation_steps={G})")
+    if "train_examples" in extra:
+        per_epoch = math.ceil(extra["train_examples"] / (B * extra.get("world_size", 1)))
+        expect(micro < per_epoch, f"its micro_step {micro} is past the end of an epoch of {per_epoch} micro-batches "
+                                  f"(the {extra['train_examples']} examples it was written with)")
+    expect(step >= epoch + micro // G, f"its position (epoch {epoch}, micro_step {micro}) is more than "
+                                       f"global_step={step} optimizer steps can reach")
+    expect(state["consecutive_nonfinite_steps"] <= state["nonfinite_steps"] <= step,
+           f"its counts of skipped steps ({state['consecutive_nonfinite_steps']} in a row, "
+           f"{state['nonfinite_steps']} in all) exceed global_step={step}")
+    expect(all(s <= step for s in optimizer_steps), f"its optimizer has taken more steps "
+                                                    f"({max(optimizer_steps)}) than global_step={step}")
+    expect(all(type(e.get("step", 0)) is int and 0 <= e.get("step", 0) <= step for e in state["log_history"]),
+           f"its log history holds a step outside 0..global_step={step}")
 
 
 class Trainer:
@@ -383,7 +465,10 @@ class Trainer:
                     f"gradient_checkpointing=True, but {type(model).__name__} does not support it "
                     "(it has no gradient_checkpointing_enable() method)"
                 )
-            model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
+            try:
+                model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
+            except TypeError as e:  # a value the model cannot take: the user's arguments, not a bug
+                raise ValueError(f"gradient_checkpointing_kwargs {args.gradient_checkpointing_kwargs}: {e}") from None
         self.optimizer = create_optimizer(model.parameters(), args)
         self.accumulator = GradientAccumulator(
             self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
@@ -394,6 +479,7 @@ class Trainer:
         if distributed is not None:  # same model, config, tokenizer, args and data everywhere; flat buffers
             distributed.prepare(model, self.accumulator, args, train_dataset, tokenizer)
         self.state = TrainerState()
+        self.run_id = None  # written in each checkpoint: --resume takes only one run's checkpoints
         self.resumed_from = None  # the checkpoint train(resume_from_checkpoint=...) continued from
         self.skipped_checkpoints = []  # [(path, why)]: newer checkpoints it could not use
 
@@ -453,12 +539,12 @@ class Trainer:
         several processes, every process must hold the same parameters.
         """
         args, acc = self.args, self.accumulator
-        self._prepare_output_dir()
+        report = self._prepare_outputs(fresh=not resume_from_checkpoint)
         if resume_from_checkpoint:
-            self._load_checkpoint(resume_from_checkpoint)  # sets self.state, the model, optimizer and RNG
+            self._load_checkpoint(resume_from_checkpoint)  # sets self.state, the model, optimizer, RNG and run id
         else:
             random.manual_seed(args.seed)
-            self.state = TrainerState()
+            self.state, self.run_id = TrainerState(), secrets.token_hex(8)
         if self.distributed is not None:
             self._check_ranks_start_together()
         state = self.state
@@ -472,7 +558,7 @@ class Trainer:
         acc.zero_grad()
         try:
             with autograd.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
-                self._training_loop(progress)
+                self._training_loop(progress, report)
         except RuntimeError as e:
             if not (args.detect_anomaly and str(e).startswith(ANOMALY)):
                 raise
@@ -487,17 +573,21 @@ class Trainer:
             self.save_model()
         return state.log_history
 
-    def _training_loop(self, progress):
-        """The optimizer steps, from self.state to total_steps (train() prepares and finishes)."""
+    def _training_loop(self, progress, report):
+        """The optimizer steps, from self.state to total_steps (train() prepares and finishes).
+
+        report: a _StepReport that records the first optimizer step, or None.
+        """
         args, acc, state = self.args, self.accumulator, self.state
         B, total = args.per_device_train_batch_size * self.world_size, self.total_steps  # B: all processes' examples
         step = {"loss": 0.0, "items": 0, "tokens": 0}  # summed over the micro-batches of this optimizer step
         window = {"loss": 0.0, "items": 0, "tokens": 0, "time": time.perf_counter(),  # since the last log
                   "first_step": state.global_step + 1}
-        report = _StepReport(args.memory_report) if args.memory_report and self.is_main_process else None
+        n_micro = self.micro_batches_per_epoch
         while state.global_step < total:
+            if state.micro_step >= n_micro:  # a position past this data's epoch (see _restore): the next epoch
+                state.epoch, state.micro_step = state.epoch + 1, 0
             order = epoch_order(len(self.train_dataset), args.seed, state.epoch)
-            n_micro = self.micro_batches_per_epoch
             for m in range(state.micro_step, n_micro):
                 indices, items = order[m * B : (m + 1) * B], 0
                 if self.distributed is not None:  # this process's share; at an epoch's end it may be empty
@@ -633,27 +723,58 @@ class Trainer:
         return {"eval_loss": total / max(1, items)}
 
     # -- before the first step ------------------------------------------------------
-    def _prepare_output_dir(self):
-        """Fail now, not at the first save, if output_dir cannot be written; remove stale temporary files.
+    def _prepare_outputs(self, fresh):
+        """Fail now, not at the first save, if what the run writes cannot be written; returns the _StepReport or None.
 
-        Only process 0 writes, so only it looks; with several processes they
-        all stop together if it finds a problem.
+        output_dir must be writable (stale temporary files are removed from
+        it), and so must memory_report's path. fresh: a run that does not
+        resume. One output directory holds one run, as with Hugging Face's
+        overwrite_output_dir: if it already holds another run's checkpoints
+        or model, a fresh run is refused (ValueError naming it), or with
+        overwrite_output_dir they are deleted first, and said so. Only
+        process 0 writes, so only it looks; with several processes they all
+        stop together if it finds a problem.
         """
-        error = None
-        if self.is_main_process and self.args.output_dir is not None:
+        error, report = None, None
+        if self.is_main_process:
             try:
-                serialization.check_writable(self.args.output_dir)
-                removed = serialization.remove_stale_temporary_files(self.args.output_dir)
-            except OSError as e:
+                if self.args.memory_report:
+                    report = _StepReport(self.args.memory_report)
+                if self.args.output_dir is not None:
+                    serialization.check_writable(self.args.output_dir)
+                    serialization.check_file_writable(Path(self.args.output_dir) / MODEL_NAME)  # not a folder
+                    removed = serialization.remove_stale_temporary_files(self.args.output_dir)
+                    if removed:
+                        print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
+                              f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
+                    if fresh:
+                        self._claim_output_dir()
+            except (OSError, ValueError, ImportError) as e:
                 error = e
-            else:
-                if removed:
-                    print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
-                          f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
         if self.distributed is not None:
             self.distributed.raise_if_any(error)
         elif error is not None:
             raise error
+        return report
+
+    def _claim_output_dir(self):
+        """A fresh run's output_dir must hold no other run's output; overwrite_output_dir deletes it."""
+        directory = Path(self.args.output_dir)
+        previous = [path for _, path in sorted_checkpoints(directory)]
+        previous += [directory / MODEL_NAME] if (directory / MODEL_NAME).is_file() else []
+        if not previous:
+            return
+        names = ", ".join(path.name for path in previous[:4]) + (", ..." if len(previous) > 4 else "")
+        if not self.args.overwrite_output_dir:
+            raise ValueError(
+                f"output directory {str(directory)!r} already holds another run ({names}): continue it with "
+                "--resume (resume_from_checkpoint=True), replace it with --overwrite-output-dir "
+                "(overwrite_output_dir=True), or choose another --output-dir"
+            )
+        for path in previous:
+            path.unlink(missing_ok=True)
+        print(f"overwrite_output_dir: deleted the previous run's {len(previous)} file(s) in {str(directory)!r}: "
+              f"{names}", file=sys.stderr)
 
     def _check_ranks_start_together(self):
         """Every process must start from the same parameters (after a resume too: the same checkpoint)."""
@@ -686,6 +807,8 @@ class Trainer:
             "rng_states": [g.bit_generator.state for g in self._generators()],  # dropout masks to come
             "batch_layout": [self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, self.args.seed],
             "world_size": self.world_size,  # micro_step counts micro-batches of all processes together
+            "train_examples": len(self.train_dataset),  # micro_step is a position in an epoch of these
+            "run_id": self.run_id,  # resuming takes only one run's checkpoints
             "training_args": asdict(self.args),  # for the reader; resuming uses the args it is given
         }
         extra.update(self._model_description())
@@ -752,6 +875,7 @@ class Trainer:
             if not candidates:
                 raise FileNotFoundError(f"no checkpoint to resume from in {str(where)!r} (no {CHECKPOINT_PREFIX}-<step>.npz); "
                                         "was the run saved (save_steps / output_dir)?")
+            _check_one_run(where, candidates)
         elif where.exists():
             candidates = [where]
         else:
@@ -767,6 +891,7 @@ class Trainer:
                 if self.is_main_process:
                     print(f"resume: skipped {path}: {e}", file=sys.stderr)
                 continue
+            self._check_output_dir_is_this_run(checkpoint["extra"].get("run_id"), path)
             self._restore(checkpoint, path)
             self.resumed_from = path
             if self.is_main_process and self.skipped_checkpoints:
@@ -774,6 +899,34 @@ class Trainer:
             return path
         raise CheckpointError(f"no checkpoint in {str(where)!r} can be resumed from: all {len(candidates)} are damaged "
                               f"(the newest: {self.skipped_checkpoints[0][1]})")
+
+    def _check_output_dir_is_this_run(self, run_id, source):
+        """Resuming from `source` (of run `run_id`) writes into output_dir: it must hold no other run's checkpoints.
+
+        With overwrite_output_dir they are deleted, and said so. Checked
+        before anything is restored, by every process (they resume from a
+        directory they share, so they stop alike, never one waiting for the others).
+        """
+        directory = self.args.output_dir
+        if directory is None or not Path(directory).is_dir():
+            return
+        others = {rid: paths for rid, paths in _checkpoint_runs(p for _, p in sorted_checkpoints(directory)).items()
+                  if rid != run_id}
+        if not others:
+            return
+        listed = _describe_runs(others)
+        if not self.args.overwrite_output_dir:
+            raise ValueError(
+                f"output directory {str(directory)!r} holds another run's checkpoints ({listed}), not those of "
+                f"the run {str(source)!r} continues ({'run ' + run_id if run_id else 'without a run id'}): "
+                "choose another --output-dir, or --overwrite-output-dir (overwrite_output_dir=True) to delete them"
+            )
+        for paths in others.values():
+            for path in paths:
+                path.unlink(missing_ok=True)
+        if self.is_main_process:
+            print(f"overwrite_output_dir: deleted another run's checkpoints in {str(directory)!r}: {listed}",
+                  file=sys.stderr)
 
     def _restore(self, checkpoint, path):
         """Check that `checkpoint` belongs to this run, then restore the model, optimizer, state and RNG."""
@@ -812,9 +965,34 @@ class Trainer:
                 raise CheckpointError(f"{where} holds a random generator state that does not fit "
                                       f"{type(g.bit_generator).__name__} ({type(e).__name__}: {e})") from None
         serialization.restore(checkpoint, model=self.model, optimizer=self.optimizer)  # checks, then copies
-        self.state = TrainerState(**extra["trainer_state"])
+        self.state, self.run_id = TrainerState(**extra["trainer_state"]), extra.get("run_id")
         for g, saved in zip(generators, extra["rng_states"]):
             g.bit_generator.state = saved
+        self._fit_position(extra.get("train_examples"))
+
+    def _fit_position(self, saved_examples):
+        """Move a restored position that is past this data's epoch to the next epoch, and say so.
+
+        The checkpoint's own counts were range-checked (verify_checkpoint);
+        here they meet this run's data: with fewer examples than when the
+        checkpoint was written, its micro-batch may lie beyond the end of an
+        epoch, and the run continues at the start of the next one, as
+        Hugging Face's Trainer does. Any other change of the data is said too:
+        the order of an epoch depends on the number of examples.
+        """
+        state, n, n_micro = self.state, len(self.train_dataset), self.micro_batches_per_epoch
+        if saved_examples in (None, n) and state.micro_step < n_micro:
+            return
+        had = "another number" if saved_examples is None else saved_examples
+        if state.micro_step >= n_micro:
+            now = (f"it stopped at micro-batch {state.micro_step} of epoch {state.epoch}, past this data's "
+                   f"{n_micro} per epoch: continuing at the start of epoch {state.epoch + 1}")
+            state.epoch, state.micro_step = state.epoch + 1, 0
+        else:
+            now = (f"continuing at micro-batch {state.micro_step} of epoch {state.epoch}, in this data's order "
+                   "(an epoch's order depends on the number of examples)")
+        if self.is_main_process:
+            print(f"resume: the training data has {n} examples, the checkpoint's run had {had}; {now}", file=sys.stderr)
 
     def _generators(self):
         """The random generators a run draws from: the default one, then each Dropout's own, once."""
@@ -840,6 +1018,38 @@ class Trainer:
         path.parent.mkdir(parents=True, exist_ok=True)
         serialization.save(path, model=self.model, extra=self._model_description())
         return path
+
+
+def _checkpoint_runs(paths):
+    """{run id: [paths]} of checkpoint files, reading only their metadata; damaged files are left out."""
+    runs = {}
+    for path in paths:
+        try:
+            run_id = serialization.read_extra(path).get("run_id")
+        except (CheckpointError, OSError):
+            continue  # the resume's own checks say what is wrong with it, if it is ever read
+        runs.setdefault(run_id, []).append(path)
+    return runs
+
+
+def _describe_runs(runs):
+    return "; ".join(f"{'run ' + run_id if run_id else 'a run without a run id'}: {', '.join(p.name for p in paths)}"
+                     for run_id, paths in runs.items())
+
+
+def _check_one_run(directory, candidates):
+    """Refuse a directory whose checkpoints come from more than one run (their run ids differ).
+
+    Resuming would otherwise take the newest step, whichever run wrote it.
+    """
+    runs = _checkpoint_runs(candidates)
+    if len(runs) > 1:
+        listed = _describe_runs(runs)
+        raise ValueError(
+            f"cannot resume from {str(directory)!r}: it holds the checkpoints of {len(runs)} different runs "
+            f"({listed}); move the other run's checkpoints away, or resume from one file (--resume PATH, "
+            "resume_from_checkpoint=PATH) into another --output-dir"
+        )
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (\S+)\n\s*(.*)$', re.MULTILINE)
@@ -905,11 +1115,12 @@ class _StepReport:
     """
 
     def __init__(self, path):
+        try:  # said now, not after the step has run
+            serialization.check_file_writable(path)
+        except OSError as e:
+            raise type(e)(e.errno, f"memory_report: {e.strerror}") from None
         if importlib.util.find_spec("plotly") is None:
             raise ImportError(f"memory_report={path!r} needs Plotly for the page: pip install -e \".[report]\"")
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):  # said now, not after the step has run
-            raise ValueError(f"memory_report={path!r}: the folder {folder} does not exist; create it or choose another path")
         self.path, self.recording = path, None
 
     def start(self):

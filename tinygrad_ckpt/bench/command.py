@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import asdict, replace
 
-from .. import allocator, backend, random
+from .. import allocator, backend, random, serialization
 from . import compare, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
@@ -60,10 +60,11 @@ def add_arguments(parser):
     parser.add_argument("--profile", action="store_true",
                         help="instead: the time of each op kind in a step of this engine, forward and backward, "
                              "against its floor; writes profile.md and profile.json; see tinygrad_ckpt/bench/profile.py")
-    parser.add_argument("--keep-freed-memory", action="store_true",
+    parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="first ask glibc's malloc to keep what a step frees for the next step (the whole "
                              "process, every library in it; tinygrad_ckpt/allocator.py), instead of handing it back "
-                             "to the system and faulting it in again")
+                             "to the system and faulting it in again; --no-keep-freed-memory: the C library's "
+                             "default (default: keep it)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="with --compare or --profile: cuda runs this engine (CuPy), PyTorch (if built with CUDA) "
                              "and the floor (cuBLAS) on the GPU")
@@ -76,7 +77,7 @@ def run(args):
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
-    os.makedirs(args.output_dir, exist_ok=True)
+    serialization.check_writable(args.output_dir)  # now, not after the first table
     if args.compare and args.profile:
         raise ValueError("--compare and --profile are two runs: choose one")
     if args.device != "cpu" and not (args.compare or args.profile):
@@ -139,9 +140,9 @@ def run(args):
 
 
 def allocator_setting(keep):
-    """--keep-freed-memory: apply it (allocator.py) and say so; the line goes into the run's notes."""
+    """--keep-freed-memory (bench's default): apply it (allocator.py) and say so; the line goes into the run's notes."""
     if not keep:
-        return "allocator: the C library's default (what a step frees may go back to the system; --keep-freed-memory)"
+        return "allocator: the C library's default (what a step frees may go back to the system)"
     applied, why = allocator.keep_freed_memory()
     line = f"allocator: {why}" if applied else f"allocator: --keep-freed-memory not applied: {why}"
     print(line, flush=True)

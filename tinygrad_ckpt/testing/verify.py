@@ -93,6 +93,8 @@ def check_arguments(args):
         if value < least:
             why = " (the accumulation rows cut it into uneven micro-batches)" if flag == "--batch-size" else ""
             raise ValueError(f"{flag} must be at least {least}{why}, got {value}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be 0 or more (NumPy's generators take no negative seed), got {args.seed}")
     if args.n_embd % args.n_head:
         raise ValueError(f"--n-embd ({args.n_embd}) must be divisible by --n-head ({args.n_head})")
     if not 0 <= args.dropout < 1:
