@@ -1,99 +1,62 @@
 """Activation checkpointing: keep a segment's inputs, recompute its inside in backward.
 
-The trade (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
-Cost"; HIPS autograd's `checkpoint` is the same idea in a dozen lines):
-normally every op of a segment keeps what its backward needs on the tape
-until backward reaches it. A checkpointed segment keeps only its inputs.
-When backward reaches it, it runs the segment's forward again, on a
-short-lived tape of its own, backpropagates through that tape, and drops
-it. Memory for time: at most one extra forward of the segment.
-
     y = checkpoint(block, x)     # the tape gets ONE record, "Checkpoint", saving x
 
-Built only from tape primitives (tape.py, function.py):
+The trade (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+Cost"): normally every op of a segment keeps what its backward needs until
+backward reaches it; a checkpointed segment keeps only its inputs, and pays
+for it with at most one more forward of the segment. Tutorial 5 teaches it.
 
-  forward   `fn` runs on a SegmentTape (recompute.py), which records nothing
-            and saves nothing, but notes each op and which tensors from
-            outside the segment need a gradient: parameters, and tensors
-            the code reads from its closure. Then one `Checkpoint` record
-            goes on the active tape; its inputs are the segment's tensor
-            arguments and those outside tensors, and its
-            `ctx.save_for_backward` holds the arguments (and the outside
-            tensors that are not parameters), so their bytes are what the
-            tape shows as saved.
-  backward  the tape first checks that nothing the segment read was
-            modified in place since (their versions, as for any record:
-            versions.check_versions). The record puts back the random
-            generators' states and runs `fn` again on detached copies of its
-            inputs, on a RecomputeTape (memory phase "recompute"; anomaly
-            mode checks it as any forward). That tape runs only what the
-            segment's backward needs and stops as soon as it has it
-            (recompute.py: PyTorch's early stop, and more). Then it calls
-            that tape's `backward` with the incoming gradients, as part of
-            the same backward call, so parameters get their gradients by
-            that call's rules (`backward(inputs=...)`, `autograd.grad`);
-            the inputs' gradients are returned to the outer tape.
-            Everything recomputed is freed when the record's backward returns.
+The plain path, built only from tape primitives (tape.py, function.py):
 
-What `fn` may take and return, as PyTorch's non-reentrant checkpoint and
-`jax.checkpoint` allow: tensors anywhere inside tuples, lists and dicts
-(nested), positional or keyword, beside values of any other kind; it may
-return the same kinds of structure, with non-tensor values, tensors that
-need no gradient, or no tensor at all. The keywords `use_reentrant`,
+  forward   `fn` runs on a `_ForwardTape`, which records nothing and keeps
+            nothing, but learns which tensors from outside the segment need
+            a gradient (parameters, tensors read from a closure). One
+            `Checkpoint` record goes on the active tape, with those tensors
+            among its inputs; it saves the segment's tensor arguments.
+  backward  the record puts the random generators back where the segment
+            found them (dropout masks match), runs `fn` again on detached
+            copies of its inputs on a fresh tape (memory phase "recompute"),
+            and backpropagates through that tape as part of the same
+            backward call; the inputs' gradients go back to the outer tape.
+
+That path is taken for a full recompute without a policy
+(`early_stop=False`). The default adds refinements, each in a file of its
+own and each giving the same gradients (tests/test_equivalence.py):
+  * recompute.py: the forward notes every op; the recompute runs only what
+    backward needs, rebuilds the records whose arrays exist already, and
+    stops early (PyTorch's early stop);
+  * policies.py: ops a policy keeps are not run again (JAX's policies);
+  * determinism.py: the recompute must run the forward's ops
+    (`determinism_check`, PyTorch's name);
+  * saved-tensor hooks (function.py, autograd.py) pack what the record saves.
+
+Takes: `fn`, and tensors anywhere in its arguments (inside tuples, lists,
+dicts; positional or keyword), beside values of any other kind; `fn` may
+return the same kinds of structure. The keywords `use_reentrant`,
 `preserve_rng_state`, `determinism_check`, `debug`, `early_stop` and
-`policy` are the checkpoint's (PyTorch's names, and policies.py's);
-every other keyword goes to `fn`.
-
-Parameters, when no input requires grad: `Function.apply` records an op
-only if one of its inputs requires grad, and decides that before the op's
-forward runs. A segment's parameters are known only once its forward has
-run. So `checkpoint()` runs the forward first, then applies the
-`Checkpoint` op with those parameters among its inputs: the segment is
-recorded whenever a parameter inside needs a gradient, even if its input (a
-batch of data) does not. (PyTorch 2.13's reentrant checkpoint gives such
-parameters no gradient and warns "None of the inputs have
-requires_grad=True. Gradients will be None", torch/utils/checkpoint.py; its
-non-reentrant one gives them their gradient, as this one does.) An output
-that depends on nothing needing a gradient comes back with
-requires_grad=False, as it would without the checkpoint.
-
-Recomputing must give the same values as the forward did:
-  * random ops: the generators the segment drew from (seen through
-    `random.generator`) have their states saved at the segment's first draw
-    and restored for the recompute, so dropout masks match; afterwards the
-    caller's generators are put back where the forward left them, as if
-    nothing had been recomputed.
-  * stateful layers: `is_recomputing()` is True while a segment runs again;
-    BatchNorm1d does not update its running statistics then.
-  * `determinism_check="default"` (PyTorch's name and default): the recompute
-    must run the same ops as the forward, in the same order, on inputs and
-    saving arrays of the same shapes and dtypes, and return outputs of the
-    same shapes and dtypes; else a CheckpointError names the op, and with
-    debug=True shows both op sequences side by side. "values" also
-    recomputes in full and compares the outputs' values with the forward's
-    (it keeps a copy of them: a debugging aid). "none" checks nothing and
-    recomputes in full.
-
-Nesting: a checkpoint inside a checkpointed segment is a checkpoint in the
-segment's forward too (which keeps nothing anyway), and runs again, whole,
-when the outer segment is recomputed: its own record is real then.
+`policy` are the checkpoint's; every other keyword goes to `fn`. A
+parameter inside makes the segment recorded even if no input requires grad
+(as PyTorch 2.13's non-reentrant checkpoint does, torch/utils/checkpoint.py;
+its reentrant one gives such parameters no gradient). `is_recomputing()` is
+True while a segment runs again (BatchNorm1d then leaves its statistics
+alone). Raises CheckpointError when the recompute does not match.
 
 `ChainCheckpointing` (at the end) is the on/off switch a model that runs a
 chain of layers inherits: `model.gradient_checkpointing_enable()`.
 
-What does not live here: what a recompute runs and skips (recompute.py),
-which segments to cut a chain into (schedules.py), which ops a policy keeps
-instead of recomputing (policies.py).
+What does not live here: which segments to cut a chain into (schedules.py).
 """
 
 from contextlib import contextmanager
 
 import numpy
 
-from . import backend, function, memory, policies, random, tape
+from . import backend, determinism, function, memory, policies, random, tape
+from .determinism import CHECKS, CheckpointError
 from .function import Function
 from .policies import Stash
-from .recompute import CheckpointError, RecomputeTape, SegmentTape, StopRecompute, full_plan, make_plan
+from .recompute import RecomputeTape, SegmentTape, StopRecompute, full_plan, make_plan
 from .schedules import segment_bounds
 from .tensor import Tensor
 
@@ -124,7 +87,6 @@ def _recompute():
         _recomputing -= 1
 
 
-DETERMINISM_CHECKS = ("default", "values", "none")
 OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")  # with use_reentrant: PyTorch's
 
 
@@ -140,7 +102,7 @@ def check_options(use_reentrant=None, preserve_rng_state=True, determinism_check
         if not isinstance(value, (bool, numpy.bool_)):
             raise TypeError(f"{name} must be True or False, got {value!r}")
     if not isinstance(determinism_check, str):
-        raise TypeError(f"determinism_check must be one of {', '.join(map(repr, DETERMINISM_CHECKS))}, "
+        raise TypeError(f"determinism_check must be one of {', '.join(map(repr, CHECKS))}, "
                         f"got {type(determinism_check).__name__}")
     if use_reentrant:
         raise ValueError(
@@ -150,8 +112,8 @@ def check_options(use_reentrant=None, preserve_rng_state=True, determinism_check
             "recomputes the whole segment. This engine's checkpoint is the non-reentrant kind (it records the "
             "segment: every backward works through it, and it stops recomputing early). Pass "
             "use_reentrant=False, or leave it out.")
-    if determinism_check not in DETERMINISM_CHECKS:
-        raise ValueError(f"determinism_check must be one of {', '.join(map(repr, DETERMINISM_CHECKS))}, "
+    if determinism_check not in CHECKS:
+        raise ValueError(f"determinism_check must be one of {', '.join(map(repr, CHECKS))}, "
                          f"got {determinism_check!r}")
     return dict(preserve_rng_state=bool(preserve_rng_state), determinism_check=determinism_check,
                 debug=bool(debug), early_stop=bool(early_stop))
@@ -268,11 +230,10 @@ class Checkpoint(Function):
     tensors from outside it that need a gradient (parameters, and tensors
     its code read from its closure). It saves the arguments and the
     closure's computed tensors (parameters live anyway), and what a policy
-    kept. Its backward runs the segment again (recompute.py) and returns the
-    arguments' and the computed tensors' gradients; the parameters have had
-    theirs from the inner backward, by the rules of the backward call. The
-    versions it checks are those of everything the segment read, as the
-    segment's forward found them.
+    kept. Its backward runs the segment again and returns the arguments' and
+    the computed tensors' gradients; the parameters have had theirs from the
+    inner backward, by the rules of the backward call. The versions it
+    checks are those of everything the segment read, as its forward found them.
     """
 
     is_checkpoint = True  # recompute.py: a checkpoint inside a segment is run again, never rebuilt
@@ -291,27 +252,19 @@ class Checkpoint(Function):
     @staticmethod
     def backward(ctx, *grads):
         segment = ctx.segment
-        saved = ctx.saved_arrays
-        n, c = len(segment.inputs), sum(not t.is_leaf for t in segment.outer)
-        inputs = segment.stand_ins(saved[:n])
-        outer_arrays = segment.outer_arrays(saved[n:n + c])
-        try:
-            recompute_tape = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
-        except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
-            segment.full = True
-            inputs = segment.stand_ins(saved[:n])
-            recompute_tape = segment.recompute(segment.plan(), inputs, outer_arrays, saved[n + c:])
-        # Start the inner backward from the outputs' gradient edges in the recompute.
-        output_edges = recompute_tape.output_edges()
+        inputs = segment.stand_ins(ctx.saved_arrays)
+        # 1. Run the segment again, on a short-lived tape of its own.
+        recompute_tape, output_edges = segment.recompute(inputs, ctx.saved_arrays)
+        # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call.
         segment.watch_outputs_inside(ctx, output_edges)
         pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
         leftover = {}
-        recompute_tape.close()
         if pairs:
             # The stand-ins collect the inputs' gradients, those the backward call wants (the others' records are pruned).
             task = tape.current_task()
             wanted = [t for t, x in zip(inputs, segment.inputs) if task is None or task.reaches(tape.get_gradient_edge(x))]
             leftover = recompute_tape.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=wanted)
+        # 3. Hand the inputs' gradients on to the outer tape.
         in_grads = []
         for t in inputs:
             g = t.grad.data if t.requires_grad and t.grad is not None else None
@@ -328,9 +281,15 @@ class _Segment:
     """Everything a Checkpoint record needs to run its segment again.
 
     It keeps no tensor arrays itself (the record's save_for_backward does):
-    the arguments with their tensors taken out, the forward's notes (what
-    each op read and saved: recompute.py), the outside tensors' version
+    the arguments with their tensors taken out, the outside tensors' version
     counters, and the parameters (which live anyway).
+
+    Two paths. The plain one (a full recompute, no policy): the forward
+    runs on a _ForwardTape, which keeps nothing; the backward runs the whole
+    segment again on a fresh tape. The planned one (recompute.py, the
+    default: early stop, rebuilt and skipped records, a policy's kept ops):
+    the forward notes every op, and the recompute runs only what backward
+    needs. Both give the same gradients (tests/test_equivalence.py).
     """
 
     def __init__(self, fn, args, kwargs, policy, options):
@@ -344,7 +303,8 @@ class _Segment:
         self.stash = Stash(policy, self.name) if policy is not None else None
         # Recompute in full (no early stop, nothing skipped): asked for, or needed to compare values.
         self.full = not options["early_stop"] or self.determinism_check != "default"
-        self.checks = self.determinism_check != "none"  # the recompute must run the forward's ops (recompute.py)
+        self.plain = self.full and policy is None  # a policy needs the planned path's notes, even in full
+        self.checks = self.determinism_check != "none"
         self.generators = []  # (generator, its state before the segment's first draw)
         self._plan = None
 
@@ -356,7 +316,7 @@ class _Segment:
     def forward(self):
         """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
         self.input_versions = [t._version for t in self.inputs]
-        forward_tape = SegmentTape(self, self.inputs)
+        forward_tape = _ForwardTape(self) if self.plain else SegmentTape(self, self.inputs)
         observed = []
         if self.preserve_rng_state:
             random._observers.append(observed)
@@ -368,9 +328,17 @@ class _Segment:
             if self.preserve_rng_state:
                 random._observers.pop()  # ours: observers nest like the segments
         self.generators = observed
-        self.notes = forward_tape.notes
         template, outputs = _flatten(returned)
-        self.out_origins = [(forward_tape.origin_of_output(o), o.requires_grad) for o in outputs]
+        # An output an op of the segment made (not an input or an outside tensor returned as it is).
+        self.made_inside = [o._node is not None and o._node.tape is forward_tape for o in outputs]
+        if self.plain:
+            self.ops = forward_tape.ops
+            for o, inside in zip(outputs, self.made_inside):
+                if o.requires_grad and not inside and not any(o is t for t in self.inputs):
+                    forward_tape.outer.setdefault(id(o), o)  # returned as it is: an input of the record
+        else:
+            self.notes = forward_tape.notes
+            self.out_origins = [(forward_tape.origin_of_output(o), o.requires_grad) for o in outputs]
         self.outer = list(forward_tape.outer.values())
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
@@ -388,78 +356,21 @@ class _Segment:
     def drop_forward_tensors(self):
         self.outer = [t if t.is_leaf else _ComputedOutside(t) for t in self.outer]  # no computed tensor from outside held
 
-    def taken_inside(self, i):
-        """Whether the gradient of the record's output i, when grad() asks for it, is taken inside the recompute.
+    def recompute(self, inputs, saved):
+        """Run the segment's code again; (the tape it ran on, the gradient edges of its outputs that need one).
 
-        The record is one node for all the segment's outputs, so it has no edge
-        from one output to another (y, z = checkpoint(fn, x) with z = 3 * y).
-        An output an op of the segment made is a tensor of the recompute too,
-        and there its gradient has every path: the outer walk leaves it alone.
+        saved: the record's saved arrays (inputs, computed outside tensors, what a policy kept).
         """
-        origin = [o for o, requires_grad in self.out_origins if requires_grad][i]
-        return origin is not None and origin[0] == "op"
-
-    def watch_outputs_inside(self, ctx, output_edges):
-        """The recompute's edges of the record's outputs that the backward call asks for, watched in its stead."""
-        task = tape.current_task()
-        if task is None or not task.watched:
-            return
-        for (node, i), t in list(task.watched.items()):
-            if node is not None and node.ctx is ctx and self.taken_inside(i):
-                task.watched[output_edges[i]] = t
-
-    def stash_arrays(self):
-        return self.stash.hand_over() if self.stash is not None else ()
-
-    def versions(self, arrays):
-        """The record's saved_versions: every input and outside tensor, as the segment's forward found them.
-
-        (counter, version, what, (dtype, shape)) entries, checked by versions.check_versions.
-        """
-        entries = [(t._version_counter, v, f"input {i} of checkpoint segment '{self.name}'", (a.dtype, a.shape))
-                   for i, (t, v, a) in enumerate(zip(self.inputs, self.input_versions, arrays))]
-        # One text for all the parameters (a segment of a deep chain reads many; they live until backward).
-        parameter = f"a parameter read by checkpoint segment '{self.name}' (call backward before optimizer.step())"
-        computed = f"a tensor checkpoint segment '{self.name}' read from outside it"
-        for t, v in zip(self.outer, self.outer_versions):
-            entries.append((t._version_counter, v, parameter if t.is_leaf else computed,
-                            tape.shared((t.dtype, t.shape))))
-        return tuple(entries)
-
-    def stand_ins(self, arrays):
-        """Detached copies of the inputs (the tape has checked their versions), with their requires_grad."""
-        return [Tensor(a, requires_grad=t.requires_grad, device=backend.device_of(a))
-                for t, a in zip(self.inputs, arrays)]
-
-    def outer_arrays(self, computed):
-        """Per outside tensor, its array: a parameter's own, a computed tensor's as the record saved it."""
-        computed = iter(computed)
-        return [p.data if p is not None else next(computed) for p in self.params]
-
-    def plan(self):
-        """What the recompute runs (recompute.make_plan), made at the first backward."""
-        if self.full:
-            return full_plan(self.notes)
-        if self._plan is None:
-            self._plan = make_plan(self.notes, self.out_origins)
-        return self._plan
-
-    def recompute(self, plan, inputs, outer_arrays, stashed):
-        """Run the segment's code again on a RecomputeTape, as far as the plan says; the tape."""
-        recompute_tape = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
-        returned, outputs = False, None
-        if plan.stop >= 0:
-            with _recompute(), self.replaying_rng(), tape.recording(recompute_tape):
-                try:
-                    outputs = self.call(inputs)
-                    returned = True
-                except StopRecompute:
-                    pass
-        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
-            recompute_tape.finish(returned)
-        if returned:
-            self.check_outputs(_flatten(outputs)[1])
-        return recompute_tape
+        if not self.plain:
+            return self.recompute_planned(inputs, saved)
+        recompute_tape = _RecomputeTape(self)
+        with _recompute(), self.replaying_rng(), tape.recording(recompute_tape):
+            outputs = _flatten(self.call(inputs))[1]
+        if self.checks:
+            recompute_tape.check_all_ran()
+            determinism.check_outputs(self, outputs)
+        return recompute_tape, [tape.get_gradient_edge(o) for o, needed in zip(outputs, self.out_requires_grad)
+                                if needed]
 
     @contextmanager
     def replaying_rng(self):
@@ -476,40 +387,165 @@ class _Segment:
             for g, state in callers:
                 g.bit_generator.state = state
 
-    def mismatch(self, what, ran):
-        """Raise the determinism check's error: the recompute `what` (with debug, both op sequences)."""
-        message = (f"checkpoint: the recompute of segment '{self.name}' {what}; the segment must compute the "
-                   "same thing each time it runs (does it depend on state that changed between forward and "
-                   "backward, or on random numbers without preserve_rng_state=True?)")
-        if self.debug:
-            message += "\n" + _side_by_side([n.name for n in self.notes], ran)
-        else:
-            message += ". Pass debug=True to see the forward's and the recompute's ops side by side."
-        raise CheckpointError(message)
+    # -- the planned path (recompute.py) ---------------------------------------------
+    def recompute_planned(self, inputs, saved):
+        """The recompute of the planned path: as far as the plan says, the rest rebuilt (recompute.py)."""
+        n, c = len(self.inputs), sum(not t.is_leaf for t in self.outer)
+        outer_arrays = self.outer_arrays(saved[n:n + c])
+        try:
+            recompute_tape = self.run_plan(self.plan(), inputs, outer_arrays, saved[n + c:])
+        except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
+            self.full = True
+            inputs[:] = self.stand_ins(saved)  # fresh stand-ins, in the caller's list: their .grad is read there
+            recompute_tape = self.run_plan(self.plan(), inputs, outer_arrays, saved[n + c:])
+        output_edges = recompute_tape.output_edges()
+        recompute_tape.close()
+        return recompute_tape, output_edges
 
-    def check_outputs(self, outs):
-        """The recompute must return what the forward did (shapes, dtypes; values if asked)."""
-        if not self.checks:
+    def plan(self):
+        """What the recompute runs (recompute.make_plan), made at the first backward."""
+        if self.full:
+            return full_plan(self.notes)
+        if self._plan is None:
+            self._plan = make_plan(self.notes, self.out_origins)
+        return self._plan
+
+    def run_plan(self, plan, inputs, outer_arrays, stashed):
+        """Run the segment's code again on a RecomputeTape, as far as the plan says; the tape."""
+        recompute_tape = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
+        returned, outputs = False, None
+        if plan.stop >= 0:
+            with _recompute(), self.replaying_rng(), tape.recording(recompute_tape):
+                try:
+                    outputs = self.call(inputs)
+                    returned = True
+                except StopRecompute:
+                    pass
+        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
+            recompute_tape.finish(returned)
+        if returned and self.checks:
+            determinism.check_outputs(self, _flatten(outputs)[1])
+        return recompute_tape
+
+    def outer_arrays(self, computed):
+        """Per outside tensor, its array: a parameter's own, a computed tensor's as the record saved it."""
+        computed = iter(computed)
+        return [p.data if p is not None else next(computed) for p in self.params]
+
+    def stash_arrays(self):
+        return self.stash.hand_over() if self.stash is not None else ()
+
+    # -- what the record checks, and asks --------------------------------------------
+    def versions(self, arrays):
+        """The record's saved_versions: every input and outside tensor, as the segment's forward found them.
+
+        (counter, version, what, (dtype, shape)) entries, checked by versions.check_versions.
+        """
+        entries = [(t._version_counter, v, f"input {i} of checkpoint segment '{self.name}'", (a.dtype, a.shape))
+                   for i, (t, v, a) in enumerate(zip(self.inputs, self.input_versions, arrays))]
+        # One text for all the parameters (a segment of a deep chain reads many; they live until backward).
+        parameter = f"a parameter read by checkpoint segment '{self.name}' (call backward before optimizer.step())"
+        computed = f"a tensor checkpoint segment '{self.name}' read from outside it"
+        for t, v in zip(self.outer, self.outer_versions):
+            entries.append((t._version_counter, v, parameter if t.is_leaf else computed,
+                            tape.shared((t.dtype, t.shape))))
+        return tuple(entries)
+
+    def stand_ins(self, saved):
+        """Detached copies of the inputs (the tape has checked their versions), with their requires_grad."""
+        return [Tensor(a, requires_grad=t.requires_grad, device=backend.device_of(a))
+                for t, a in zip(self.inputs, saved)]
+
+    def taken_inside(self, i):
+        """Whether the gradient of the record's output i, when grad() asks for it, is taken inside the recompute.
+
+        The record is one node for all the segment's outputs, so it has no edge
+        from one output to another (y, z = checkpoint(fn, x) with z = 3 * y).
+        An output an op of the segment made is a tensor of the recompute too,
+        and there its gradient has every path: the outer walk leaves it alone.
+        """
+        return [m for m, needed in zip(self.made_inside, self.out_requires_grad) if needed][i]
+
+    def watch_outputs_inside(self, ctx, output_edges):
+        """The recompute's edges of the record's outputs that the backward call asks for, watched in its stead."""
+        task = tape.current_task()
+        if task is None or not task.watched:
             return
-        if len(outs) != len(self.out_meta):
-            self.mismatch(f"returned {len(outs)} tensors, its forward returned {len(self.out_meta)}", [])
-        for i, (o, (shape, dtype)) in enumerate(zip(outs, self.out_meta)):
-            if o.shape != shape or o.dtype != dtype:
-                self.mismatch(f"returned output {i} with shape {o.shape}, dtype {o.dtype}, but its forward "
-                              f"returned shape {shape}, dtype {dtype}", [])
-        if self.determinism_check == "values":
-            for i, (o, before) in enumerate(zip(outs, self.out_values)):
-                # Compared on the host (an explicit copy: this is a debugging aid).
-                # rtol 1e-5: a recompute runs the same ops on the same arrays, so
-                # values agree to the last bits; this only allows for reordered sums.
-                now, before = backend.to_host(o.data), backend.to_host(before)
-                if not numpy.allclose(now, before, rtol=1e-5, atol=1e-8, equal_nan=True):
-                    worst = float(abs(now - before).max())
-                    raise CheckpointError(
-                        f"checkpoint: the recompute of segment '{self.name}' gave other values for "
-                        f"output {i} than its forward (largest difference {worst:.3g}); is it random "
-                        "without preserve_rng_state=True, or does it read state that changed?"
-                    )
+        for (node, i), t in list(task.watched.items()):
+            if node is not None and node.ctx is ctx and self.taken_inside(i):
+                task.watched[output_edges[i]] = t
+
+    def mismatch(self, what, ran):
+        """Raise the determinism check's error (determinism.py)."""
+        forward = [name for name, _ in self.ops] if self.plain else [n.name for n in self.notes]
+        determinism.mismatch(self.name, what, forward, ran, self.debug)
+
+
+class _ForwardTape(tape.Tape):
+    """The plain path's forward: records nothing and keeps nothing, but learns what the record needs.
+
+    Every op runs with the gradients it would need and drops what it saved
+    (noting its name and the shapes it saved, for the determinism check); each
+    record it makes tells which tensors from outside the segment need a
+    gradient (parameters, and tensors the code reads from its closure), and
+    is let go at once. Registering a hook does nothing here: the recompute
+    runs the code again, hooks and all.
+    """
+
+    replays_hooks = True
+
+    def __init__(self, segment):
+        super().__init__()
+        self.label = f"the forward of checkpoint segment '{segment.name}'"
+        self.inputs = {id(t) for t in segment.inputs}
+        self.checks = segment.checks
+        self.ops = []  # determinism.op_record per op, when the segment checks
+        self.outer = {}  # id -> tensor from outside that needs a gradient, in the order first read
+
+    def run(self, op, ctx, arrays, options):
+        ctx.counted = False  # nothing here is counted as saved
+        out = op.run_forward(ctx, arrays, options)
+        if self.checks:
+            self.ops.append(determinism.op_record(op, ctx))
+        ctx.saved_arrays = ()
+        return out
+
+    def append(self, node):
+        node.tape, node.index = self, -1
+        for t in node.inputs:
+            if t is not None and t.requires_grad and id(t) not in self.inputs and (t.is_leaf or t._node.tape is not self):
+                self.outer.setdefault(id(t), t)
+        node.release_graph()  # keep no graph: the segment's intermediates are freed as under no_grad
+
+    def close(self):
+        self.inputs = self.outer = None
+
+
+class _RecomputeTape(tape.Tape):
+    """The plain path's recompute: a fresh tape that records as any does, and checks each op against the forward's."""
+
+    def __init__(self, segment):
+        super().__init__()
+        self.label = f"the recompute of checkpoint segment '{segment.name}'"
+        self.segment, self.ran = segment, []
+
+    def run(self, op, ctx, arrays, options):
+        out = op.run_forward(ctx, arrays, options)
+        if self.segment.checks:
+            j, ops = len(self.ran), self.segment.ops
+            self.ran.append(op.__name__)
+            name, saved = determinism.op_record(op, ctx)
+            if j >= len(ops) or name != ops[j][0]:
+                expected = ops[j][0] if j < len(ops) else "nothing more"
+                self.segment.mismatch(f"ran {name} as op #{j}, where its forward ran {expected}", self.ran)
+            if saved != ops[j][1]:
+                self.segment.mismatch(f"ran {name} (op #{j}), which saved {determinism.describe(saved)} for backward, "
+                                      f"where its forward saved {determinism.describe(ops[j][1])}", self.ran)
+        return out
+
+    def check_all_ran(self):
+        if len(self.ran) != len(self.segment.ops):
+            self.segment.mismatch(f"ran {len(self.ran)} ops, where its forward ran {len(self.segment.ops)}", self.ran)
 
 
 class _ComputedOutside:
@@ -520,17 +556,6 @@ class _ComputedOutside:
 
     def __init__(self, t):
         self._version_counter, self.dtype, self.shape = t._version_counter, t.dtype, t.shape
-
-
-def _side_by_side(forward, recompute):
-    """The two op sequences in two columns, the first difference marked."""
-    rows = [f"  {'#':>3}  {'forward':<20} recompute"]
-    for i in range(max(len(forward), len(recompute))):
-        f = forward[i] if i < len(forward) else "-"
-        r = recompute[i] if i < len(recompute) else "(not reached)"
-        mark = "   <- differs" if i < len(recompute) and f != r else ""
-        rows.append(f"  {i:>3}  {f:<20} {r}{mark}")
-    return "\n".join(rows)
 
 
 # -- arguments and results as structures ---------------------------------------------

@@ -52,14 +52,11 @@ what a policy keeps (policies.py), the walk (tape.py).
 import weakref
 
 from . import backend, function, memory, tape
+from .determinism import describe, saved_meta
 from .ops.flops import op_flops
 from .policies import RECOMPUTE, decide, where_in_call
 
 RUN, KEEP, REBUILD, SKIP = "run", "keep", "rebuild", "skip"
-
-
-class CheckpointError(RuntimeError):
-    """The recompute of a checkpointed segment did not do what its forward did (PyTorch's name)."""
 
 
 class StopRecompute(BaseException):
@@ -467,16 +464,13 @@ class RecomputeTape(tape.Tape):
         got = tuple((tuple(a.shape), a.dtype) for a in arrays)
         if got != note.input_meta:
             self.segment.mismatch(
-                f"ran {note.name} (op #{self.position - 1}) on inputs of {_describe(got)}, where its forward "
-                f"ran it on {_describe(note.input_meta)}", self.ran)
+                f"ran {note.name} (op #{self.position - 1}) on inputs of {describe(got)}, where its forward "
+                f"ran it on {describe(note.input_meta)}", self.ran)
 
     def _check_saved(self, note, ctx):
-        got = tuple(None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays)
+        got = saved_meta(ctx.saved_arrays)
         if got != note.saved_meta:
             self.segment.mismatch(
-                f"ran {note.name} (op #{self.position - 1}), which saved {_describe(got)} for backward, where its "
-                f"forward saved {_describe(note.saved_meta)}", self.ran)
+                f"ran {note.name} (op #{self.position - 1}), which saved {describe(got)} for backward, where its "
+                f"forward saved {describe(note.saved_meta)}", self.ran)
 
-
-def _describe(meta):
-    return ", ".join("nothing" if m is None else f"{m[0]} {m[1]}" for m in meta) or "nothing"

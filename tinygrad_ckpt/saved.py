@@ -57,6 +57,7 @@ What does not live here: the accounting itself (memory.py), the analytic
 formulas for whole layers (activations.py), an op's FLOP count (ops/flops.py).
 """
 
+import gc
 from dataclasses import dataclass
 
 from . import backend, memory, tape
@@ -145,6 +146,7 @@ def saved_activations(fn, *inputs, name=None, policy=None):
             raise TypeError(f"saved_activations: input {i} is a {type(x).__name__}; pass Tensors (wrap arrays with Tensor(...))")
     leaves = {id(backend.storage(x.data)) for x in inputs}
     record = tape.Tape()
+    gc.collect()  # earlier garbage (a failed backward's records, in its traceback's cycle) is not freed mid-measure
     before = memory.current()["activations"]
     with memory.timeline() as forward_events, tape.recording(record):
         out = fn(*inputs)
