@@ -278,3 +278,36 @@ def test_bad_arguments_are_clear_errors_before_anything_runs():
         check_accumulation(small_gpt(), gpt_loss, {**batch, "labels": numpy.full((4, 8), -100)}, 2)
     with pytest.raises(ValueError, match=r"different lengths \[3, 4\]"):
         check_accumulation(small_gpt(), gpt_loss, {**batch, "labels": batch["labels"][:3]}, 2)
+
+
+# -- every refinement gives the plain path's gradients, bit for bit -------------------------
+@pytest.mark.equivalence
+@settings(max_examples=examples(20))
+@given(ops=st.lists(st.sampled_from(sorted(OPS)), min_size=1, max_size=4), policy=tst.policies(),
+       nested=st.booleans(), dropout=st.booleans(), seed=st.integers(0, 2**16))
+def test_every_refinement_gives_the_plain_paths_gradients_bit_for_bit(ops, policy, nested, dropout, seed):
+    """Early stop, rebuilt and skipped records, a policy's kept ops (the planned path, recompute.py): the
+    same gradients as the plain path (early_stop=False, no policy: run again on a fresh tape), to the bit."""
+    w0 = numpy.random.default_rng(seed).standard_normal((3, 3))
+
+    def chain(x, w):
+        for name in ops:
+            fn, arity = OPS[name]
+            x = fn(x, w) if arity == 2 else fn(x)
+            x = x[0] + x[1] if isinstance(x, tuple) else x
+            n = int(numpy.prod(x.shape))  # back to (3, 3), whatever the op made
+            x = x.reshape(-1)[:9].reshape(3, 3) if n >= 9 else x.reshape(-1)[:1] * w
+        return (F.dropout(x, 0.5) if dropout else x) * w
+
+    def run(**options):
+        random.manual_seed(seed)
+        x, w = tensor(3, 3, seed=seed), Tensor(w0.copy(), requires_grad=True)
+        inner = (lambda t: checkpoint(chain, t, w, **options)) if nested else (lambda t: chain(t, w))
+        out = checkpoint(lambda t: inner(t) * 2.0, x, **options)
+        (out * out).sum().backward()
+        return [x.grad.numpy(), w.grad.numpy()]
+
+    plain = run(early_stop=False)
+    for options in (dict(), dict(policy=policy), dict(early_stop=False, policy=policy)):
+        for got, want in zip(run(**options), plain):
+            numpy.testing.assert_array_equal(got, want, err_msg=str(options))
