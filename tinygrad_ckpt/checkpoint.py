@@ -74,19 +74,6 @@ def is_recomputing():
     return _recomputing > 0
 
 
-@contextmanager
-def _recompute():
-    global _recomputing
-    _recomputing += 1
-    depth = function.push_no_saved_tensors_hooks()  # what the recompute saves is its own
-    try:
-        with memory.phase("recompute"):
-            yield
-    finally:
-        function.pop_saved_tensors_hooks(depth)
-        _recomputing -= 1
-
-
 OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")  # with use_reentrant: PyTorch's
 
 
@@ -258,12 +245,9 @@ class Checkpoint(Function):
         # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call.
         segment.watch_outputs_inside(ctx, output_edges)
         pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
-        leftover = {}
-        if pairs:
-            # The stand-ins collect the inputs' gradients, those the backward call wants (the others' records are pruned).
-            task = tape.current_task()
-            wanted = [t for t, x in zip(inputs, segment.inputs) if task is None or task.reaches(tape.get_gradient_edge(x))]
-            leftover = recompute_tape.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=wanted)
+        # The stand-ins collect the gradients of the inputs the backward call wants.
+        stand_ins = tape.current_task().wanted(inputs, segment.inputs)
+        leftover = recompute_tape.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=stand_ins)
         # 3. Hand the inputs' gradients on to the outer tape.
         in_grads = []
         for t in inputs:
@@ -317,40 +301,19 @@ class _Segment:
         """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
         self.input_versions = [t._version for t in self.inputs]
         forward_tape = _ForwardTape(self) if self.plain else SegmentTape(self, self.inputs)
-        observed = []
-        if self.preserve_rng_state:
-            random._observers.append(observed)
-        try:
-            with tape.recording(forward_tape):
-                returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
-            self.args = self.kwargs = None
-        finally:
-            if self.preserve_rng_state:
-                random._observers.pop()  # ours: observers nest like the segments
-        self.generators = observed
+        with random.observing(self.preserve_rng_state) as self.generators, tape.recording(forward_tape):
+            returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
+        self.args = self.kwargs = None
         template, outputs = _flatten(returned)
         # An output an op of the segment made (not an input or an outside tensor returned as it is).
         self.made_inside = [o._node is not None and o._node.tape is forward_tape for o in outputs]
-        if self.plain:
-            self.ops = forward_tape.ops
-            for o, inside in zip(outputs, self.made_inside):
-                if o.requires_grad and not inside and not any(o is t for t in self.inputs):
-                    forward_tape.outer.setdefault(id(o), o)  # returned as it is: an input of the record
-        else:
-            self.notes = forward_tape.notes
-            self.out_origins = [(forward_tape.origin_of_output(o), o.requires_grad) for o in outputs]
-        self.outer = list(forward_tape.outer.values())
+        forward_tape.learn(self, outputs)  # the outside tensors (and the planned path's notes)
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
         # The parameters are held (they live anyway); a computed tensor from outside is not: the record saves its array.
         self.params = [t if t.is_leaf else None for t in self.outer]
-        forward_tape.close()
-        self.out_meta = [(o.shape, o.dtype) for o in outputs]
         self.out_requires_grad = [o.requires_grad for o in outputs]
-        if self.determinism_check == "values":
-            self.out_values = [o.data.copy() for o in outputs]
-            for v in self.out_values:
-                memory.track(v)
+        determinism.remember_outputs(self, outputs)
         return template, outputs
 
     def drop_forward_tensors(self):
@@ -363,8 +326,8 @@ class _Segment:
         """
         if not self.plain:
             return self.recompute_planned(inputs, saved)
-        recompute_tape = _RecomputeTape(self)
-        with _recompute(), self.replaying_rng(), tape.recording(recompute_tape):
+        recompute_tape = determinism.CheckedTape(self) if self.checks else tape.Tape()
+        with self.running_again(recompute_tape):
             outputs = _flatten(self.call(inputs))[1]
         if self.checks:
             recompute_tape.check_all_ran()
@@ -373,17 +336,25 @@ class _Segment:
                                 if needed]
 
     @contextmanager
-    def replaying_rng(self):
-        """Put the generators where the segment found them; afterwards, back where the caller has them."""
-        if not self.preserve_rng_state:
-            yield
-            return
+    def running_again(self, recompute_tape):
+        """Inside: the segment's code runs again, recording onto recompute_tape.
+
+        The random generators are where the segment's forward found them
+        (afterwards, back where the caller has them); is_recomputing() is True;
+        what is saved is the recompute's own, packed by no saved-tensor hooks.
+        """
+        global _recomputing
         callers = [(g, g.bit_generator.state) for g, _ in self.generators]
         for g, state in self.generators:
             g.bit_generator.state = state
+        _recomputing += 1
+        depth = function.push_no_saved_tensors_hooks()
         try:
-            yield
+            with memory.phase("recompute"), tape.recording(recompute_tape):
+                yield
         finally:
+            function.pop_saved_tensors_hooks(depth)
+            _recomputing -= 1
             for g, state in callers:
                 g.bit_generator.state = state
 
@@ -415,7 +386,7 @@ class _Segment:
         recompute_tape = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
         returned, outputs = False, None
         if plan.stop >= 0:
-            with _recompute(), self.replaying_rng(), tape.recording(recompute_tape):
+            with self.running_again(recompute_tape):
                 try:
                     outputs = self.call(inputs)
                     returned = True
@@ -498,15 +469,13 @@ class _ForwardTape(tape.Tape):
         super().__init__()
         self.label = f"the forward of checkpoint segment '{segment.name}'"
         self.inputs = {id(t) for t in segment.inputs}
-        self.checks = segment.checks
-        self.ops = []  # determinism.op_record per op, when the segment checks
+        self.ops = []  # determinism.op_record per op: what the determinism check compares
         self.outer = {}  # id -> tensor from outside that needs a gradient, in the order first read
 
     def run(self, op, ctx, arrays, options):
         ctx.counted = False  # nothing here is counted as saved
         out = op.run_forward(ctx, arrays, options)
-        if self.checks:
-            self.ops.append(determinism.op_record(op, ctx))
+        self.ops.append(determinism.op_record(op, ctx))
         ctx.saved_arrays = ()
         return out
 
@@ -517,35 +486,12 @@ class _ForwardTape(tape.Tape):
                 self.outer.setdefault(id(t), t)
         node.release_graph()  # keep no graph: the segment's intermediates are freed as under no_grad
 
-    def close(self):
-        self.inputs = self.outer = None
-
-
-class _RecomputeTape(tape.Tape):
-    """The plain path's recompute: a fresh tape that records as any does, and checks each op against the forward's."""
-
-    def __init__(self, segment):
-        super().__init__()
-        self.label = f"the recompute of checkpoint segment '{segment.name}'"
-        self.segment, self.ran = segment, []
-
-    def run(self, op, ctx, arrays, options):
-        out = op.run_forward(ctx, arrays, options)
-        if self.segment.checks:
-            j, ops = len(self.ran), self.segment.ops
-            self.ran.append(op.__name__)
-            name, saved = determinism.op_record(op, ctx)
-            if j >= len(ops) or name != ops[j][0]:
-                expected = ops[j][0] if j < len(ops) else "nothing more"
-                self.segment.mismatch(f"ran {name} as op #{j}, where its forward ran {expected}", self.ran)
-            if saved != ops[j][1]:
-                self.segment.mismatch(f"ran {name} (op #{j}), which saved {determinism.describe(saved)} for backward, "
-                                      f"where its forward saved {determinism.describe(ops[j][1])}", self.ran)
-        return out
-
-    def check_all_ran(self):
-        if len(self.ran) != len(self.segment.ops):
-            self.segment.mismatch(f"ran {len(self.ran)} ops, where its forward ran {len(self.segment.ops)}", self.ran)
+    def learn(self, segment, outputs):
+        """After the forward: the outside tensors, and the ops for the determinism check, on the segment."""
+        for o in outputs:  # an outside tensor returned as it is: an input of the record too
+            if o.requires_grad and (o._node is None or o._node.tape is not self) and id(o) not in self.inputs:
+                self.outer.setdefault(id(o), o)
+        segment.outer, segment.ops = list(self.outer.values()), self.ops
 
 
 class _ComputedOutside:

@@ -23,7 +23,7 @@ What does not live here: running the segment (checkpoint.py, recompute.py).
 
 import numpy
 
-from . import backend
+from . import backend, memory, tape
 
 CHECKS = ("default", "values", "none")
 
@@ -67,6 +67,43 @@ def side_by_side(forward, recompute):
         mark = "   <- differs" if i < len(recompute) and f != r else ""
         rows.append(f"  {i:>3}  {f:<20} {r}{mark}")
     return "\n".join(rows)
+
+
+class CheckedTape(tape.Tape):
+    """The plain recompute's tape (checkpoint.py): records as any fresh tape does, and checks each op
+    against what the segment's forward ran (segment.ops: op_record per op)."""
+
+    def __init__(self, segment):
+        super().__init__()
+        self.label = f"the recompute of checkpoint segment '{segment.name}'"
+        self.segment, self.ran = segment, []
+
+    def run(self, op, ctx, arrays, options):
+        out = op.run_forward(ctx, arrays, options)
+        if self.segment.checks:
+            j, ops = len(self.ran), self.segment.ops
+            self.ran.append(op.__name__)
+            name, saved = op_record(op, ctx)
+            if j >= len(ops) or name != ops[j][0]:
+                expected = ops[j][0] if j < len(ops) else "nothing more"
+                self.segment.mismatch(f"ran {name} as op #{j}, where its forward ran {expected}", self.ran)
+            if saved != ops[j][1]:
+                self.segment.mismatch(f"ran {name} (op #{j}), which saved {describe(saved)} for backward, "
+                                      f"where its forward saved {describe(ops[j][1])}", self.ran)
+        return out
+
+    def check_all_ran(self):
+        if len(self.ran) != len(self.segment.ops):
+            self.segment.mismatch(f"ran {len(self.ran)} ops, where its forward ran {len(self.segment.ops)}", self.ran)
+
+
+def remember_outputs(segment, outs):
+    """What check_outputs compares the recompute's outputs with: shapes and dtypes; a copy, for "values"."""
+    segment.out_meta = [(o.shape, o.dtype) for o in outs]
+    if segment.determinism_check == "values":
+        segment.out_values = [o.data.copy() for o in outs]
+        for v in segment.out_values:
+            memory.track(v)
 
 
 def check_outputs(segment, outs):

@@ -11,6 +11,8 @@ recompute as in the forward), so it saves and restores generator states;
 lets a checkpoint segment see which generators it used.
 """
 
+from contextlib import contextmanager
+
 import numpy
 
 default_generator = numpy.random.default_rng(0)
@@ -33,3 +35,19 @@ def generator(rng=None):
         if all(g is not rng for g, _ in seen):
             seen.append((rng, rng.bit_generator.state))
     return rng
+
+
+@contextmanager
+def observing(on=True):
+    """Inside: a list of (generator, its state before its first draw here), filled as random ops draw.
+
+    Observers nest (a checkpoint inside a checkpoint); with on=False the list stays empty.
+    """
+    seen = []
+    if on:
+        _observers.append(seen)
+    try:
+        yield seen
+    finally:
+        if on:
+            _observers.remove(seen)

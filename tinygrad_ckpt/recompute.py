@@ -151,8 +151,13 @@ class SegmentTape(tape.Tape):
                 note.inputs[i] = ("outer", list(self.outer).index(id(t)))
         node.release_graph()  # keep no graph: the segment's intermediates are freed as under no_grad
 
-    def close(self):
-        """After the forward: let go of everything but the notes (the records point back at this tape)."""
+    def learn(self, segment, outputs):
+        """After the forward: the notes, where each output came from, and the outside tensors, on the segment.
+
+        Then it lets go of everything else (the records point back at this tape).
+        """
+        segment.out_origins = [(self.origin_of_output(o), o.requires_grad) for o in outputs]
+        segment.notes, segment.outer = self.notes, list(self.outer.values())
         self.produced = self.outer = self.input_arrays = self.input_ids = self.notes = self.segment = None
 
     def origin_of_output(self, t):
@@ -280,11 +285,12 @@ def recompute_shares(fn, x):
     traced forward (ops/flops.py), not measured. For the cost model of
     schedules.py.
     """
-    watch = SegmentTape(_Traced(), [x])
-    with tape.recording(watch):
+    traced = _Traced()
+    forward_tape = SegmentTape(traced, [x])
+    with tape.recording(forward_tape):
         out = fn(x)
-    notes, origin = watch.notes, [(watch.origin_of_output(out), out.requires_grad)]
-    watch.close()
+    forward_tape.learn(traced, [out])
+    notes, origin = traced.notes, traced.out_origins
     total = sum(_flops(n) for n in notes)
     if not total:
         return 1.0, 1.0

@@ -398,6 +398,10 @@ class GradientTask:
             return t is not None and id(t) in wanted
         return leads.get(record, False) or edge in self.watched
 
+    def wanted(self, stand_ins, inputs):
+        """The stand-ins (a checkpoint's recompute) of the inputs whose gradient this call wants."""
+        return [s for s, t in zip(stand_ins, inputs) if self.reaches(get_gradient_edge(t))]
+
     def capture_outputs(self, node, out_grads, seen):
         """The gradient of a watched computed tensor, whole, as it reaches its record."""
         for i, g in enumerate(out_grads):

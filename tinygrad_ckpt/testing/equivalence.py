@@ -62,7 +62,6 @@ command that runs these checks on every strategy (verify.py).
 """
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy
@@ -421,7 +420,7 @@ class _restored:
 def _run(call, loss_fn, leaves, seed, state, order=None):
     """One forward and backward of `call`, observed: outputs, gradients, buffers, generators (host copies)."""
     state.reset()
-    with _observing() as observed:
+    with random.observing() as observed:
         try:
             result = call()
             outputs = list(result) if isinstance(result, (tuple, list)) else [result]
@@ -442,17 +441,6 @@ def _run(call, loss_fn, leaves, seed, state, order=None):
         buffers={name: _host(b) for name, b in state.buffers},
         generators={id(g): (g, g.bit_generator.state) for g, _ in observed},
     )
-
-
-@contextmanager
-def _observing():
-    """[(generator, its state before its first draw)] for the random generators drawn from inside."""
-    observed = []
-    random._observers.append(observed)  # random.generator() notes every generator a random op draws from
-    try:
-        yield observed
-    finally:
-        random._observers.pop()  # ours: observers nest like checkpoint segments
 
 
 def _leaves(outputs):
@@ -562,7 +550,7 @@ def check_accumulation(model, loss_fn, batch, splits=2, *, gradient_accumulation
         raise ValueError("check_accumulation: the batch counts no items (every label -100?): it has no mean loss")
     module = model if isinstance(model, Module) else None
     with _restored(module, None) as state:
-        with _observing() as drew:
+        with random.observing() as drew:
             state.start(parameters)
             whole = loss_fn(model, batch)
             (whole / total).backward()

@@ -1,0 +1,61 @@
+"""The lesson stays readable: the code a learner follows first fits the budgets the README states.
+
+Lines of code are counted as a reader meets them: docstrings, comments and
+blank lines left out. The budgets: about 100 lines for checkpointing's plain
+path (checkpoint.py: run the segment without keeping anything, one record
+that keeps its inputs; in backward, run it again on a fresh tape and
+backpropagate), 80 for the reverse walk (tape.py: order, each record's
+backward, gradients added into the inputs, free). A refinement belongs in a
+file of its own (recompute.py, policies.py, determinism.py), not here.
+"""
+
+import ast
+import inspect
+import io
+import textwrap
+import tokenize
+
+from tinygrad_ckpt import checkpoint, tape
+
+PLAIN_PATH = [checkpoint.checkpoint, checkpoint.Checkpoint.forward, checkpoint.Checkpoint.backward,
+              checkpoint._Segment.forward, checkpoint._Segment.recompute, checkpoint._Segment.running_again,
+              checkpoint._ForwardTape]
+REVERSE_WALK = [tape.Tape.backward, tape.Tape._walk, tape._deliver]
+SKIPPED = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+
+
+def code_lines(obj):
+    """Lines of a function's or class's source that hold code: no docstring, comment or blank line."""
+    source = textwrap.dedent(inspect.getsource(obj))
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node) is not None:
+            docstrings.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+    lines = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(source).readline)
+             if token.type not in SKIPPED}
+    return len(lines - docstrings)
+
+
+def test_code_lines_counts_code_only():
+    def example(x):
+        """A docstring
+        of two lines."""
+        # a comment
+
+        y = (x +
+             1)  # a continued line is one statement, two lines
+        return y
+
+    assert code_lines(example) == 4  # def, y = (x +, 1), return
+
+
+def test_the_plain_recompute_path_reads_on_one_screen():
+    counts = {f.__qualname__: code_lines(f) for f in PLAIN_PATH}
+    print(f"checkpointing's plain path: {sum(counts.values())} lines of code ({counts})")
+    assert sum(counts.values()) <= 110, counts
+
+
+def test_the_reverse_walk_reads_on_one_screen():
+    counts = {f.__qualname__: code_lines(f) for f in REVERSE_WALK}
+    print(f"the reverse walk: {sum(counts.values())} lines of code ({counts})")
+    assert sum(counts.values()) <= 80, counts
