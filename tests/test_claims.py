@@ -272,3 +272,30 @@ def test_torch_describes_reserved_memory_and_empty_cache_as_quoted(torch):
     assert "the current GPU memory managed by the caching allocator" in words(torch.cuda.memory_reserved.__doc__)
     assert "all unoccupied cached memory currently held by the caching allocator" in words(
         torch.cuda.empty_cache.__doc__)
+
+
+# -- GELU's backward: no scratch arrays in PyTorch's kernel (ops/elementwise.py) -------
+def test_torch_gelu_backward_allocates_its_result_only(torch):
+    from torch.profiler import ProfilerActivity, profile
+
+    x, g = torch.randn(1 << 16), torch.randn(1 << 16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.ops.aten.gelu_backward(g, x, approximate="tanh")
+    (event,) = [e for e in prof.key_averages() if e.key == "aten::gelu_backward"]
+    assert event.self_cpu_memory_usage == x.numel() * x.element_size()  # dx, and nothing besides
+
+
+# -- what layer norm saves for backward (ops/nn.py) ---------------------------------------
+def test_torch_layer_norm_saves_input_weight_bias_mean_and_rstd(torch):
+    layer, x = torch.nn.LayerNorm(4), torch.randn(8, 4, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    named = {"x": x, "weight": layer.weight, "bias": layer.bias}
+    assert {name for name, t in named.items() if any(s is t for s in saved)} == {"x", "weight", "bias"}
+    assert sorted(tuple(s.shape) for s in saved if all(s is not t for t in named.values())) == [(8, 1), (8, 1)]

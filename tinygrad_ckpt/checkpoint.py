@@ -1,7 +1,8 @@
 """Activation checkpointing: keep a segment's inputs, recompute its inside in backward.
 
 The trade (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
-Cost"; HIPS autograd's `checkpoint` is the same idea in a dozen lines):
+Cost"; HIPS autograd 1.9.1's `checkpoint` states it, but traces the function
+again during the forward and keeps that trace, so it saves no memory):
 normally every op of a segment keeps what its backward needs on the tape
 until backward reaches it. A checkpointed segment keeps only its inputs.
 When backward reaches it, it runs the segment's forward again, on a

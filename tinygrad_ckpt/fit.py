@@ -34,9 +34,12 @@ It allocates no array of the model's size: the walk works on sizes, and a
 GPT-2 XL table takes a fraction of a second (benchmarks/fit_speed.py).
 
 Device memory presets are nominal sizes, the memory each card is sold with
-(NVIDIA's product pages), read as GiB (2**30 bytes). A process can allocate
-less: the driver and the CUDA context take some, ECC may reserve some, and a
-caching allocator rounds requests and keeps freed blocks. Pass reserve_bytes
+(NVIDIA's product pages quote GB: the H200's 141 GB), taken here as GiB
+(2**30 bytes), which is more than CUDA reports: about 14.6 GiB on a 16 GB
+T4 (PyTorch's out-of-memory message, "a total capacity of 14.56 GiB",
+github.com/AlphaGPU/leetgpu-challenges/issues/52). A process can allocate
+less still: the CUDA context takes some, and a caching allocator rounds
+requests and keeps freed blocks. Pass reserve_bytes
 for what your setup loses; benchmarks/gpu_check.sh measures it on a GPU.
 
 dtypes: this engine runs float32 and float64, and for those the figures are
@@ -172,7 +175,7 @@ def device_memory_bytes(memory):
         key = memory.strip().lower()
         if key in GPUS:
             name, gib = GPUS[key]
-            return gib * GiB, f"{name}, {gib} GiB nominal"
+            return gib * GiB, f"{name}, {gib} GB nominal, taken as {gib} GiB"
         number = key.rstrip("abcdefghijklmnopqrstuvwxyz ")
         unit = key[len(number):].strip() or "b"
         if unit not in UNITS or not number:
