@@ -12,7 +12,9 @@ nothing printed goes unchecked, and no number in the text can drift from the
 code. Everything else (prose, pictures, other blocks) is left alone.
 
 Blocks that can only run on some machines guard themselves in code, so that
-they run anywhere (pasted, or in a notebook), printing what they skipped:
+they run anywhere (pasted into a script, IPython or Jupyter, not the plain
+`python` prompt, where a blank line ends a block; or in a notebook),
+printing what they skipped:
 
     if ON_GPU:
         ...
