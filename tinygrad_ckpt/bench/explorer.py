@@ -26,7 +26,10 @@ vl-convert is installed to inline it). Its traces do what the page needs
 without hand-written drawing: stacked areas (`stackgroup`), hover text per
 point, shapes for the phase bands and the selected span, and events
 (`plotly_click`) to link the chart to the listing. The cost is plotly.js
-itself, about 4.8 MB in every page; the data add little beside it.
+itself, about 4.8 MB in every page; the data add little beside it. Its mode
+bar would offer a "Share chart..." button that uploads the chart to Plotly's
+server (plotly.js 4: `showSendToCloud` is on by default); the page turns it
+off, so nothing on it sends anything over the network.
 
 The only hand-written JavaScript is the glue (`_GLUE`): it hands each
 figure to Plotly.newPlot / Plotly.react, switches strategy and overlay, and
