@@ -299,3 +299,27 @@ def test_torch_layer_norm_saves_input_weight_bias_mean_and_rstd(torch):
     named = {"x": x, "weight": layer.weight, "bias": layer.bias}
     assert {name for name, t in named.items() if any(s is t for s in saved)} == {"x", "weight", "bias"}
     assert sorted(tuple(s.shape) for s in saved if all(s is not t for t in named.values())) == [(8, 1), (8, 1)]
+
+
+# -- anomaly mode: what PyTorch's checks (tutorial 1) -----------------------------------
+def test_torch_detect_anomaly_checks_backward_results_for_nan_only(torch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled", and the forward's traceback
+        with torch.autograd.detect_anomaly():
+            made_nan = torch.log(torch.tensor([-1.0], requires_grad=True))  # NaN in the forward: no error
+            assert made_nan.isnan().all()
+            x = torch.tensor([0.0], requires_grad=True)
+            x.reciprocal().sum().backward()  # an infinite gradient: no error either
+            assert x.grad.isinf().all()
+            with pytest.raises(RuntimeError, match="'SqrtBackward0' returned nan values"):
+                torch.sqrt(torch.tensor([-1.0], requires_grad=True)).sum().backward()
+
+
+# -- DistributedDataParallel, as tutorial 8 describes it ----------------------------------
+def test_torch_ddp_buckets_25_mib_and_no_sync_defers_the_all_reduce(torch):
+    from torch.nn.parallel import distributed
+
+    assert distributed._DEFAULT_BUCKET_CAP_MB == 25  # torch/nn/parallel/distributed.py
+    assert "disable gradient synchronizations" in distributed.DistributedDataParallel.no_sync.__doc__
+    assert "gradients between different nodes are averaged" in " ".join(
+        distributed.DistributedDataParallel.__doc__.split())
