@@ -2,7 +2,9 @@
 
 Tutorial 5's last section compares this engine's checkpointing with
 PyTorch's `torch.utils.checkpoint` (the text names torch 2.13.0, the version
-these tests were written against). Each claim about PyTorch is a test here that
+these tests were written against); tutorials 1 and 8 and the docstrings of
+ops/nn.py and ops/elementwise.py say what PyTorch's anomaly mode,
+DistributedDataParallel, layer norm and GELU do. Each claim about PyTorch is a test here that
 runs PyTorch and skips, saying so, where it is not installed; each place
 where the text says this engine differs has a test of this engine's side,
 which needs nothing but the package.
