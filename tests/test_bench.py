@@ -190,3 +190,13 @@ def test_coinciding_lines_in_peak_memory_stay_visible_and_are_named(tiny_run):
                 assert f"(same as {seen[xy].get_label().split(' (')[0]})" in line.get_label()
             seen.setdefault(xy, line)
     plots.plt.close(fig)
+
+
+def test_an_infeasible_budget_s_note_never_shows_the_budget_and_the_least_alike():
+    """A budget of 25 % that no plan meets, where the least plan reaches 25.03 %: the note must not read
+    'no plan fits 25 %: the least any plan reaches is ... (25 % ...)'."""
+    full = 88 << 20
+    note = strategies.infeasible_note(0.25, int(0.25 * full), int(0.2503 * full), full)
+    assert note == ("no plan fits the budget of 25% of no checkpointing (22.00 MiB, 25.00%): the least any plan "
+                    "reaches is 22.03 MiB (25.03%)")
+    assert strategies.infeasible_note(0.25, int(0.25 * full), int(0.31 * full), full).endswith("27.28 MiB (31%)")

@@ -2,7 +2,9 @@
 
 Tutorial 5's last section compares this engine's checkpointing with
 PyTorch's `torch.utils.checkpoint` (the text names torch 2.13.0, the version
-these tests were written against). Each claim about PyTorch is a test here that
+these tests were written against); tutorials 1 and 8 and the docstrings of
+ops/nn.py and ops/elementwise.py say what PyTorch's anomaly mode,
+DistributedDataParallel, layer norm and GELU do. Each claim about PyTorch is a test here that
 runs PyTorch and skips, saying so, where it is not installed; each place
 where the text says this engine differs has a test of this engine's side,
 which needs nothing but the package.
@@ -272,3 +274,54 @@ def test_torch_describes_reserved_memory_and_empty_cache_as_quoted(torch):
     assert "the current GPU memory managed by the caching allocator" in words(torch.cuda.memory_reserved.__doc__)
     assert "all unoccupied cached memory currently held by the caching allocator" in words(
         torch.cuda.empty_cache.__doc__)
+
+
+# -- GELU's backward: no scratch arrays in PyTorch's kernel (ops/elementwise.py) -------
+def test_torch_gelu_backward_allocates_its_result_only(torch):
+    from torch.profiler import ProfilerActivity, profile
+
+    x, g = torch.randn(1 << 16), torch.randn(1 << 16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.ops.aten.gelu_backward(g, x, approximate="tanh")
+    (event,) = [e for e in prof.key_averages() if e.key == "aten::gelu_backward"]
+    assert event.self_cpu_memory_usage == x.numel() * x.element_size()  # dx, and nothing besides
+
+
+# -- what layer norm saves for backward (ops/nn.py) ---------------------------------------
+def test_torch_layer_norm_saves_input_weight_bias_mean_and_rstd(torch):
+    layer, x = torch.nn.LayerNorm(4), torch.randn(8, 4, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    named = {"x": x, "weight": layer.weight, "bias": layer.bias}
+    assert {name for name, t in named.items() if any(s is t for s in saved)} == {"x", "weight", "bias"}
+    assert sorted(tuple(s.shape) for s in saved if all(s is not t for t in named.values())) == [(8, 1), (8, 1)]
+
+
+# -- anomaly mode: what PyTorch's checks (tutorial 1) -----------------------------------
+def test_torch_detect_anomaly_checks_backward_results_for_nan_only(torch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled", and the forward's traceback
+        with torch.autograd.detect_anomaly():
+            made_nan = torch.log(torch.tensor([-1.0], requires_grad=True))  # NaN in the forward: no error
+            assert made_nan.isnan().all()
+            x = torch.tensor([0.0], requires_grad=True)
+            x.reciprocal().sum().backward()  # an infinite gradient: no error either
+            assert x.grad.isinf().all()
+            with pytest.raises(RuntimeError, match="'SqrtBackward0' returned nan values"):
+                torch.sqrt(torch.tensor([-1.0], requires_grad=True)).sum().backward()
+
+
+# -- DistributedDataParallel, as tutorial 8 describes it ----------------------------------
+def test_torch_ddp_buckets_25_mib_and_no_sync_defers_the_all_reduce(torch):
+    from torch.nn.parallel import distributed
+
+    assert distributed._DEFAULT_BUCKET_CAP_MB == 25  # torch/nn/parallel/distributed.py
+    assert "disable gradient synchronizations" in distributed.DistributedDataParallel.no_sync.__doc__
+    assert "gradients between different nodes are averaged" in " ".join(
+        distributed.DistributedDataParallel.__doc__.split())

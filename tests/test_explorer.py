@@ -250,6 +250,56 @@ def test_train_memory_report_into_a_missing_folder_is_said_before_training(tmp_p
 
 
 @needs_plotly
+def _howto(path):
+    text = open(path, encoding="utf-8").read()
+    return text[text.index("<details class='howto'"):text.index("</details>")]
+
+
+def test_the_page_offers_no_upload_and_says_compare_with_only_beside_its_control(tiny_bench, tmp_path):
+    """plotly.js 4 shows a 'Share chart...' button (sendChartToCloud, on by default) that uploads the chart:
+    the page turns it off. 'compare with' is said only on a page that has the control."""
+    out, _ = tiny_bench
+    _, parser = embedded(out / "report.html")
+    glue = parser.scripts[max(parser.scripts, key=lambda k: "Plotly.newPlot" in parser.scripts[k])]
+    assert "showSendToCloud: false" in glue and '"sendChartToCloud"' in glue and "displaylogo: false" in glue
+    assert "<label>compare with" in open(out / "report.html", encoding="utf-8").read()
+    assert "compare with" in _howto(out / "report.html")
+    one = memory.record(mlp_step()).to_html(tmp_path / "step.html")
+    page = open(one, encoding="utf-8").read()
+    assert "compare with" not in page and "showSendToCloud: false" in page
+
+
+def test_the_page_s_peak_and_the_bench_table_s_agree_or_say_why(tiny_bench):
+    """The chart marks the most live bytes after an event; the table's peak (memory.py's) also sees inside an op.
+    Where they differ, the mark gives both; the how-to says why."""
+    out, results = tiny_bench
+    data, _ = embedded(out / "report.html")
+    table = {(r["workload"], r["size"], r["strategy"]): r["peak_bytes"] for r in results["rows"] if "peak_bytes" in r}
+    differ = 0
+    for section, (workload, timeline) in zip(data["timelines"], results["timelines"].items()):
+        for strategy, step in section["steps"].items():
+            (mark,) = step["figure"]["layout"]["annotations"]
+            after_event = step["peak"]["bytes"]
+            peak = table[workload, timeline["size"], strategy]
+            assert peak >= after_event
+            assert mark["text"].startswith(f"peak after an event {memory.format_bytes(after_event)}")
+            if peak != after_event:
+                differ += 1
+                assert f"table's peak {memory.format_bytes(peak)}: inside an op" in mark["text"]
+            else:
+                assert "table's peak" not in mark["text"]
+    assert differ  # the tiny set has such steps: the text is exercised
+    assert "can be higher: it also sees the moment inside an op" in _howto(out / "report.html")
+
+
+def test_the_listing_s_columns_wrap_rather_than_run_off_to_the_right():
+    from tinygrad_ckpt.bench import explorer
+
+    rules = [line for line in explorer._CSS.splitlines() if line.startswith(".listing td")]
+    assert rules and "overflow-wrap: anywhere" in rules[0] and "nowrap" not in rules[0]
+    assert ".listing td:first-child, .listing td:last-child { white-space: nowrap; }" in rules
+
+
 def test_to_html_refuses_what_is_not_a_timeline(tmp_path):
     from tinygrad_ckpt.bench import explorer
 

@@ -371,6 +371,18 @@ def test_fit_command_prints_the_table(capsys):
     assert "Recommendation: gradient accumulation" in out and "TrainingArguments(" in out
 
 
+def test_fit_output_explains_its_columns_and_counts_one_example_in_the_singular():
+    plan = fit.plan_training("gpt2-medium", effective_batch_size=32, device_memory="t4")
+    assert plan.row("none").largest_micro_batch == 1
+    text = fit.render(plan)
+    assert "at most 1 example fits at once" in text and "1 examples" not in text
+    assert "\nlargest: the largest micro-batch that fits" in text
+    assert "\nplanner at the budget: schedules.plan_checkpoints, given as its budget" in text
+    assert "at most 3 examples fit at once" in fit.render(
+        fit.plan_training("gpt2-medium", effective_batch_size=32, device_memory="a10"))
+    assert fit.device_memory_bytes("h200") == (141 * fit.GiB, "NVIDIA H200, 141 GB nominal, taken as 141 GiB")
+
+
 def test_the_module_docstring_s_example_runs():
     results = doctest.testmod(fit, optionflags=doctest.ELLIPSIS)
     assert results.attempted >= 4 and results.failed == 0

@@ -125,6 +125,74 @@ def test_notebook_check_compares_what_jupyter_printed_with_the_text(tmp_path):
         harness.check_notebook(ran("42\n", "on a GPU\n", "surprise\n"))
 
 
+def _harness_command(*args, cwd=ROOT):
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, str(TUTORIALS / "harness.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, cwd=cwd, env=env)
+
+
+def test_harness_help_prints_usage_and_no_traceback():
+    for flag in ("--help", "-h"):
+        ran = _harness_command(flag)
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.startswith("usage: python tutorials/harness.py") and "--notebook" in ran.stdout
+        assert "Traceback" not in ran.stdout + ran.stderr
+    ran = _harness_command("--no-such-option")
+    assert ran.returncode == 2 and "unknown option --no-such-option" in ran.stderr and "Traceback" not in ran.stderr
+
+
+def test_harness_says_how_many_blocks_were_checked_and_that_they_passed(tmp_path):
+    text = ("```python\nprint(6 * 7)\n```\n\n```output\n42\n```\n\n```python\nx = 1\n```\n\n"
+            "<!-- skip: start if(True, reason='never here') -->\n\n```python\nprint('elsewhere')\n```\n\n"
+            "```output\nelsewhere\n```\n\n<!-- skip: end -->\n")
+    good = _write(tmp_path, text)
+    counts = {}
+    harness.run(good, workdir=None, counts=counts)
+    assert counts == {"python": 2, "output": 1, "skipped": 2}
+    ran = _harness_command(good)
+    assert ran.returncode == 0, ran.stderr
+    assert "99_example.md" in ran.stdout
+    assert "2 Python blocks run,   1 output blocks checked: all as the text shows, 2 skipped" in ran.stdout
+    bad = tmp_path / "98_example.md"
+    bad.write_text(text.replace("42", "43"))
+    ran = _harness_command(bad)
+    assert ran.returncode == 1 and "98_example.md" in ran.stdout and "FAILED" in ran.stdout
+    assert "Expected:\n    43\nGot:\n    42" in ran.stdout and "all as the text shows" not in ran.stdout
+
+
+_AS_IN_A_NOTEBOOK = """
+import contextlib, io, json, linecache, sys
+blocks, namespace, printed = json.loads(sys.argv[1]), {}, []
+for n, code in enumerate(blocks, start=1):
+    name = f"/tmp/ipykernel_0/{n}.py"   # where IPython says a cell's code lies
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)   # as IPython registers it
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, name, "exec"), namespace)
+    printed.append(out.getvalue())
+print(json.dumps(printed))
+"""
+
+
+def test_tutorial_1_passes_the_notebook_check(tmp_path):
+    """Run as Jupyter runs it (each cell a file of its own, not the .md), tutorial 1 prints what its text shows."""
+    jupytext = pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    source = TUTORIALS / "01_the_tape.md"
+    blocks = harness._python_blocks(source.read_text())
+    ran = subprocess.run([sys.executable, "-c", _AS_IN_A_NOTEBOOK, json.dumps([code for code, _, _ in blocks])],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    printed = json.loads(ran.stdout.strip().splitlines()[-1])
+    notebook = jupytext.reads(source.read_text(), fmt="md")
+    for n, (cell, out) in enumerate(zip([c for c in notebook.cells if c.cell_type == "code"], printed), start=1):
+        cell.execution_count = n
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=out)] if out else []
+    (tmp_path / source.name).write_text(source.read_text())
+    nbformat.write(notebook, tmp_path / "01_the_tape.ipynb")
+    assert harness.check_notebook(tmp_path / "01_the_tape.ipynb") == len(blocks)
+
+
 # -- the tutorials' shape -----------------------------------------------------------
 def test_tutorials_are_numbered_from_one_without_gaps():
     assert FILES, "no tutorials found in tutorials/"

@@ -34,9 +34,12 @@ It allocates no array of the model's size: the walk works on sizes, and a
 GPT-2 XL table takes a fraction of a second (benchmarks/fit_speed.py).
 
 Device memory presets are nominal sizes, the memory each card is sold with
-(NVIDIA's product pages), read as GiB (2**30 bytes). A process can allocate
-less: the driver and the CUDA context take some, ECC may reserve some, and a
-caching allocator rounds requests and keeps freed blocks. Pass reserve_bytes
+(NVIDIA's product pages quote GB: the H200's 141 GB), taken here as GiB
+(2**30 bytes), which is more than CUDA reports: about 14.6 GiB on a 16 GB
+T4 (PyTorch's out-of-memory message, "a total capacity of 14.56 GiB",
+github.com/AlphaGPU/leetgpu-challenges/issues/52). A process can allocate
+less still: the CUDA context takes some, and a caching allocator rounds
+requests and keeps freed blocks. Pass reserve_bytes
 for what your setup loses; benchmarks/gpu_check.sh measures it on a GPU.
 
 dtypes: this engine runs float32 and float64, and for those the figures are
@@ -172,7 +175,7 @@ def device_memory_bytes(memory):
         key = memory.strip().lower()
         if key in GPUS:
             name, gib = GPUS[key]
-            return gib * GiB, f"{name}, {gib} GiB nominal"
+            return gib * GiB, f"{name}, {gib} GB nominal, taken as {gib} GiB"
         number = key.rstrip("abcdefghijklmnopqrstuvwxyz ")
         unit = key[len(number):].strip() or "b"
         try:
@@ -463,7 +466,7 @@ def recommend(plan):
                               f"the batch of {per} per process fits without accumulation or checkpointing")
     if none.fits:
         return Recommendation(VERDICTS[1], none, _arguments(plan, none),
-                              f"at most {none.largest_micro_batch} examples fit at once; {none.accumulation_steps} "
+                              f"at most {_examples(none.largest_micro_batch)} at once; {none.accumulation_steps} "
                               f"micro-batches of {none.micro_batch} make the batch of {per} per process")
     whole = [r for r in checkpointed if r.micro_batch == per]
     if whole:
@@ -482,6 +485,11 @@ def recommend(plan):
     return Recommendation(VERDICTS[4], None, None,
                           f"even one example with {least.label} needs {_size(least.memory.device_peak_bytes)}, "
                           f"{_size(short)} more than the {_size(plan.usable_bytes)} usable", short)
+
+
+def _examples(n):
+    """'1 example fits', '3 examples fit'."""
+    return "1 example fits" if n == 1 else f"{n} examples fit"
 
 
 def _arguments(plan, row):
@@ -543,7 +551,13 @@ def render(plan):
     if rec.training_arguments:
         under = f", under mpiexec -n {plan.processes}" if plan.processes > 1 else ""
         lines.append(f"  {rec.training_arguments}{under}")
-    lines += ["", "time: a step's FLOPs with the recomputation over a step's without (about three forwards); "
+    lines += ["", "largest: the largest micro-batch that fits in the usable memory with that strategy ('none': not "
+              "even one example); micro x steps: the micro-batch used, the largest that divides the batch per process "
+              "and fits, x the gradient accumulation steps.",
+              "planner at the budget: schedules.plan_checkpoints, given as its budget for saved activations the usable "
+              "memory less the rest of the step (parameters, gradients, buffers, optimizer state): the plan that fits "
+              "and recomputes least.",
+              "time: a step's FLOPs with the recomputation over a step's without (about three forwards); "
               "peaks are memory.py's count from the step_memory walk, exact for this engine "
               + ("(float32/float64)." if prec.runs_here else "at 2 bytes per element (an estimate).")]
     return "\n".join(lines)

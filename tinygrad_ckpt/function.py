@@ -40,7 +40,11 @@ shares the saved array's memory and version counter but not its record
 (PyTorch passes the tensor itself and warns that pack must not keep it, to
 avoid a reference cycle). Only the innermost pair applies; a checkpoint's
 recompute pushes "no hooks", so the caller's hooks never pack what the
-recompute saves for its own short-lived backward.
+recompute saves for its own short-lived backward. PyTorch 2.13's
+non-reentrant checkpoint does not push "no hooks": its recompute runs under
+saved-tensor hooks of its own (`_recomputation_hook` in
+torch/utils/checkpoint.py), which pack what it saves into the forward's
+handles; being innermost, they too keep the caller's hooks out.
 
 0-d results: NumPy hands back a scalar (numpy.float64), not a 0-d array, from
 most operations on 0-d arrays. `run_forward` and `run_backward` are the one

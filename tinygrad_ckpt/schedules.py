@@ -476,7 +476,10 @@ def _revolve_table(n, slots):
       k < t - 1  the rest keeps its input in a slot while it runs:
                  k + table[k][m] + table[t - k][m - 1]    (needs m >= 1)
     (the k layers are recomputed once, then backpropagated with the slots
-    the rest has given back). Griewank's recurrence, as in Gruslys et al. 2016.
+    the rest has given back). A dynamic program over (layers, slots), the
+    approach of Gruslys et al. 2016, "Memory-Efficient Backpropagation
+    Through Time" (arXiv:1606.03401), which finds by dynamic programming the
+    policy with the least recomputation for a memory budget.
     """
     table = [[(0, 0)] * (slots + 1) for _ in range(n + 1)]
     for t in range(2, n + 1):

@@ -12,7 +12,9 @@ nothing printed goes unchecked, and no number in the text can drift from the
 code. Everything else (prose, pictures, other blocks) is left alone.
 
 Blocks that can only run on some machines guard themselves in code, so that
-they run anywhere (pasted, or in a notebook), printing what they skipped:
+they run anywhere (pasted into a script, IPython or Jupyter, not the plain
+`python` prompt, where a blank line ends a block; or in a notebook),
+printing what they skipped:
 
     if ON_GPU:
         ...
@@ -30,7 +32,8 @@ print where they do run, cannot be produced:
 Four ways to use it:
 
     python -m pytest                          # tutorials/conftest.py hands this to pytest (via Sybil)
-    python tutorials/harness.py [FILE ...]    # run tutorials in order, in one process; print how long each took
+    python tutorials/harness.py [FILE ...]    # run tutorials in order, in one process; per tutorial, how
+                                              # many blocks ran and were checked, and how long it took
     python tutorials/harness.py --refresh FILE  # rewrite FILE's output blocks from a real run
                                               # (and add the missing ones): how authors write them
     python tutorials/harness.py --notebook FILE.ipynb   # check a notebook that Jupyter ran (tutorials/README.md)
@@ -202,7 +205,7 @@ sybil = Sybil(
 )
 
 
-def run(path, refresh=False, workdir=HERE, record=None):
+def run(path, refresh=False, workdir=HERE, record=None, counts=None):
     """Run one tutorial outside pytest; with refresh, rewrite its output blocks. Returns seconds.
 
     workdir: where it runs and writes its pictures (tutorials/ by default, so
@@ -210,19 +213,27 @@ def run(path, refresh=False, workdir=HERE, record=None):
     record: a list; for each output block, in order, (its kind: 'output' or
     'output timing', what the Python block above it printed) is appended to
     it (skipped blocks leave no entry).
+    counts: a dict; it gets 'python' (Python blocks run), 'output' (output
+    blocks compared, or rewritten with refresh) and 'skipped' (blocks behind
+    skip comments). A block that fails raises SybilFailure.
     """
     document = sybil.parse(Path(path).resolve())
     edits = document.namespace["__refresh__"] = [] if refresh else None
     document.namespace["__record__"] = record
     document.namespace["__workdir__"] = workdir
+    counts = {} if counts is None else counts
+    counts.update(python=0, output=0, skipped=0)
     start = time.perf_counter()
     setup(document.namespace)
     try:
         for example in document.examples():
+            kind = {run_python: "python", check_output: "output"}.get(example.region.evaluator)
             try:
                 example.evaluate()
             except unittest.SkipTest:  # a block behind <!-- skip: ... --> (e.g. needs a GPU)
-                pass
+                kind = "skipped" if kind else None
+            if kind:
+                counts[kind] += 1
     finally:
         teardown(document.namespace)
     seconds = time.perf_counter() - start
@@ -300,16 +311,58 @@ def _import(name):
         raise SystemExit(f"{name} is not installed: pip install -e \".[tutorials]\" (tutorials/README.md)") from None
 
 
+USAGE = """\
+usage: python tutorials/harness.py [FILE.md ...]            run tutorials (all of them by default) and check them
+       python tutorials/harness.py --refresh FILE.md ...    rewrite their output blocks from a real run
+       python tutorials/harness.py --notebook FILE.ipynb ...  check notebooks that Jupyter ran
+       python tutorials/harness.py --help                   this text
+
+Every Python block runs, in order, in one namespace per tutorial, and what it
+prints is compared with the output block below it. Per tutorial it prints how
+many blocks ran and were checked; at the first block that differs it prints
+what was expected and what was printed, and exits with status 1.
+(tutorials/harness.py's docstring says more; tutorials/README.md, how to open
+a tutorial as a notebook.)"""
+
+
 def main(argv):
+    """The command line (USAGE); returns the exit status."""
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
+    unknown = [a for a in argv if a.startswith("-") and a not in ("--refresh", "--notebook")]
+    if unknown or ("--notebook" in argv and argv[0] != "--notebook") or argv == ["--notebook"]:
+        problem = f"unknown option {unknown[0]}" if unknown else "--notebook comes first, then one or more .ipynb files"
+        print(f"harness.py: {problem}\n\n{USAGE}", file=sys.stderr)
+        return 2
     if argv[:1] == ["--notebook"]:
         for path in argv[1:]:
-            print(f"{Path(path).name:<32} {check_notebook(path):3d} cells as the text shows", flush=True)
-        return
+            try:
+                cells = check_notebook(path)
+            except AssertionError as failure:
+                print(f"{Path(path).name:<32} FAILED: {failure}", flush=True)
+                return 1
+            print(f"{Path(path).name:<32} {cells:3d} code cells checked: each printed what the text shows",
+                  flush=True)
+        return 0
     refresh = "--refresh" in argv
     paths = [a for a in argv if a != "--refresh"] or sorted(HERE.glob(PATTERN))
     for path in paths:
-        print(f"{Path(path).name:<32} {run(path, refresh):6.1f} s", flush=True)
+        counts = {}
+        try:
+            seconds = run(path, refresh, counts=counts)
+        except SybilFailure as failure:
+            print(f"{Path(path).name:<32} FAILED\n{failure}", flush=True)
+            return 1
+        skipped = f", {counts['skipped']} skipped (skip comments)" if counts["skipped"] else ""
+        if refresh:
+            done = f"{counts['python']:3d} Python blocks run, {counts['output']:3d} output blocks rewritten"
+        else:
+            done = (f"{counts['python']:3d} Python blocks run, {counts['output']:3d} output blocks checked: "
+                    "all as the text shows")
+        print(f"{Path(path).name:<32} {done}{skipped}, {seconds:.1f} s", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

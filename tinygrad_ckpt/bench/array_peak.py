@@ -3,8 +3,11 @@
 bench --compare measures this engine's peak with tracemalloc, which counts
 every allocation: NumPy's array buffers, and Python objects too (the tape's
 records, the tensors, a checkpoint segment's notes). PyTorch's profiler
-counts the storage of its tensors only; its graph is C++ and out of the
-count. To compare like with like, `array_peak` counts the arrays alone.
+counts the storage of its tensors only: its memory timeline (torch 2.13,
+torch/profiler/_memory_profiler.py) is built from the allocation events its
+tensor allocator reports, and its autograd graph's nodes, C++ objects
+(torch/csrc/autograd), report none. To compare like with like,
+`array_peak` counts the arrays alone.
 
 NumPy reports its buffers to tracemalloc under a domain of their own
 (numpy.lib.tracemalloc_domain), so a snapshot gives the array bytes of a

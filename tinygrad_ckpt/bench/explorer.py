@@ -26,7 +26,10 @@ vl-convert is installed to inline it). Its traces do what the page needs
 without hand-written drawing: stacked areas (`stackgroup`), hover text per
 point, shapes for the phase bands and the selected span, and events
 (`plotly_click`) to link the chart to the listing. The cost is plotly.js
-itself, about 4.8 MB in every page; the data add little beside it.
+itself, about 4.8 MB in every page; the data add little beside it. Its mode
+bar would offer a "Share chart..." button that uploads the chart to Plotly's
+server (plotly.js 4: `showSendToCloud` is on by default); the page turns it
+off, so nothing on it sends anything over the network.
 
 The only hand-written JavaScript is the glue (`_GLUE`): it hands each
 figure to Plotly.newPlot / Plotly.react, switches strategy and overlay, and
@@ -78,15 +81,17 @@ def page(results, tables=None):
         if not data["strategies"]:
             continue
         steps = {name: Timeline.from_dict(step) for name, step in data["strategies"].items()}
+        table_peaks = {r["strategy"]: r["peak_bytes"] for r in results.get("rows", [])
+                       if r["workload"] == workload and r["size"] == data["size"] and "peak_bytes" in r}
         sections.append(_timeline_section(f"timeline-{workload.lower()}", _workload_title(results, workload, data["size"]),
-                                          steps, _WORKLOAD_NOTES.get(workload, "")))
+                                          steps, _WORKLOAD_NOTES.get(workload, ""), table_peaks))
     charts = [_tradeoff_chart(results, curve, i) for i, curve in enumerate(results.get("tradeoff", []))]
     machine = results.get("machine", {}).get("description", "")
     title = f"tinygrad-ckpt memory explorer: the {results.get('set', '')} set"
     intro = (f"<p class='run'>{html.escape(machine)}"
              + (f"; the run took {results['elapsed_seconds']:.0f} s" if "elapsed_seconds" in results else "") + ".</p>")
     figures = {k: v for k, v in results.items() if k != "timelines"}  # the timelines are in the figures
-    return _page(title, intro, sections, charts, tables, figures)
+    return _page(title, intro, sections, charts, tables, figures, bench=True)
 
 
 def write_timeline(timeline, path, title=None):
@@ -126,10 +131,14 @@ def _workload_title(results, workload, size):
 
 
 # -- one timeline: the figure, the listing, what links them -----------------------------------
-def _timeline_section(section_id, title, steps, note):
-    """A section: its strategies' figures, listings and event→row maps (for the glue), and its HTML."""
+def _timeline_section(section_id, title, steps, note, table_peaks=None):
+    """A section: its strategies' figures, listings and event→row maps (for the glue), and its HTML.
+
+    table_peaks: strategy -> the bench table's peak of that step (memory.py's
+    peak, which also sees moments inside an op), shown beside the chart's.
+    """
     names = list(steps)
-    views = {name: _step_view(step, name) for name, step in steps.items()}
+    views = {name: _step_view(step, name, (table_peaks or {}).get(name)) for name, step in steps.items()}
     options = "".join(f"<option value='{html.escape(n, quote=True)}'>{html.escape(n)}</option>" for n in names)
     controls = ""
     if len(names) > 1:
@@ -150,8 +159,14 @@ def _timeline_section(section_id, title, steps, note):
     return body, data
 
 
-def _step_view(timeline, strategy):
-    """The figure of one step, its listing (HTML), each event's listing row, and each row's span."""
+def _step_view(timeline, strategy, table_peak=None):
+    """The figure of one step, its listing (HTML), each event's listing row, and each row's span.
+
+    The chart's peak is the most live bytes after an event. memory.py's peak
+    (the bench table's, `table_peak`) can be higher: it also sees the moment
+    inside an op when its result exists and what it frees is not yet freed;
+    the annotation then gives both.
+    """
     events = timeline.events
     n = len(events)
     totals = timeline.totals()
@@ -174,13 +189,21 @@ def _step_view(timeline, strategy):
         yaxis=dict(title=dict(text="live MiB"), rangemode="tozero", zeroline=False),
         legend=dict(orientation="h", y=-0.16, yanchor="top", x=0, font=dict(size=11)),
         shapes=_phase_bands(events), plot_bgcolor="white",
-        annotations=[dict(x=peak_i, y=totals[peak_i] / MIB if n else 0, text=f"peak {format_bytes(totals[peak_i] if n else 0)}",
+        annotations=[dict(x=peak_i, y=totals[peak_i] / MIB if n else 0, text=_peak_text(totals[peak_i] if n else 0, table_peak),
                           showarrow=True, arrowhead=2, ax=30, ay=-25, font=dict(size=11))],
     )
     figure = go.Figure(traces, layout).to_plotly_json()
     listing, event_rows, rows = _listing(events, records)
     return {"figure": figure, "listing": listing, "event_rows": event_rows, "rows": rows,
             "peak": {"event": peak_i, "bytes": totals[peak_i] if n else 0, "strategy": strategy}}
+
+
+def _peak_text(after_event, table_peak):
+    """The chart's peak annotation; with the table's peak beside it where the two differ."""
+    text = f"peak after an event {format_bytes(after_event)}"
+    if table_peak is not None and table_peak != after_event:
+        text += f"<br>table's peak {format_bytes(table_peak)}: inside an op"
+    return text
 
 
 def _thin(totals, limit):
@@ -378,8 +401,16 @@ def _tradeoff_chart(results, curve, i):
 
 
 # -- the page ----------------------------------------------------------------------------------------
-def _page(title, intro, sections, charts, tables, results):
+def _page(title, intro, sections, charts, tables, results, bench=False):
+    """The whole page. bench: the bench's page (its tables hold each step's peak, memory.py's)."""
     data = {"timelines": [d for _, d in sections], "charts": charts, "results": results}
+    overlay = any(len(d["strategies"]) > 1 for _, d in sections)  # a 'compare with' control is on the page
+    peaks = ("The marked peak is the most live bytes after an event. memory.py's own peak, the tables' "
+             "<em>peak MiB</em>, can be higher: it also sees the moment inside an op when its result exists and "
+             "what it frees is not yet freed; the mark then gives both." if bench else
+             "The marked peak is the most live bytes after an event; memory.py's own peak (memory.peak()) can be "
+             "higher, as it also sees the moment inside an op when its result exists and what it frees is not yet "
+             "freed.")
     nav = ""
     if charts or tables:  # a page of several parts: links to each
         nav = "".join(f"<a href='#{d['id']}'>{html.escape(d['id'].split('-', 1)[1].upper())}</a>" for _, d in sections)
@@ -397,8 +428,10 @@ def _page(title, intro, sections, charts, tables, results):
         "record on the tape, its shapes, the bytes it allocated and freed by category, and the live total.</p>",
         "<p>The table beside each chart is the tape of the step: one record per op that kept something for backward. "
         "Click a record (or a point of the chart) to mark when it kept its saved arrays: from its forward to its "
-        "backward (an array that another record or your code also holds lives on). <em>compare with</em> draws another strategy's total, dashed, on the same axes; its events need not "
-        "line up with these (a recompute adds events).</p></details>",
+        "backward (an array that another record or your code also holds lives on)."
+        + (" <em>compare with</em> draws another strategy's total, dashed, on the same axes; its events need not "
+           "line up with these (a recompute adds events)." if overlay else "")
+        + f" {peaks}</p></details>",
     ]
     parts += [body for body, _ in sections]
     if charts:
@@ -486,7 +519,10 @@ h2 { font-size: 1.2rem; margin: 28px 0 6px; border-bottom: 1px solid #ddd; paddi
 .listing { max-height: 430px; overflow: auto; }
 .listing table { border-collapse: collapse; width: 100%; font-size: 0.8rem; }
 .listing th { position: sticky; top: 0; background: #f6f8fa; text-align: left; padding: 3px 6px; }
-.listing td { padding: 2px 6px; border-top: 1px solid #f0f0f0; white-space: nowrap; }
+/* The listing's cells wrap, so that all five columns fit its half of the page (nothing hidden to the right);
+   only the record number and the event span stay on one line. */
+.listing td { padding: 2px 6px; border-top: 1px solid #f0f0f0; overflow-wrap: anywhere; }
+.listing td:first-child, .listing td:last-child { white-space: nowrap; }
 .listing tr.record { cursor: pointer; }
 .listing tr.record:hover { background: #eef4fb; }
 .listing tr.selected { background: #ffe58f !important; }
@@ -505,7 +541,10 @@ _GLUE = """
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("explorer-data").textContent);
-  var config = {responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
+  // Nothing on the mode bar sends anything off this machine: plotly.js 4 shows a 'Share chart...' button
+  // (sendChartToCloud, on by default: showSendToCloud) that uploads the chart to plotlyServerURL.
+  var config = {responsive: true, displaylogo: false, showSendToCloud: false, plotlyServerURL: "",
+                modeBarButtonsToRemove: ["lasso2d", "select2d", "sendChartToCloud"]};
   data.charts.forEach(function (c) { Plotly.newPlot(c.id, c.figure.data, c.figure.layout, config); });
   data.timelines.forEach(setUp);
 

@@ -326,9 +326,20 @@ def bench_w2(config, n_layer, progress, fractions=()):
 def _infeasible(row, how, n, costs, after):
     least = minimum_budget(costs, after_bytes=after)
     full = predict(costs, [(0, n, False)], after)[0]
-    row.update(infeasible=True, note=f"no plan fits {round(how[1] * 100)}%: the least any "
-               f"plan reaches is {memory.format_bytes(least)} ({least / full:.0%} of no checkpointing)")
+    budget = int(how[1] * full)  # as _strategy computes it
+    row.update(infeasible=True, note=infeasible_note(how[1], budget, least, full))
     return row
+
+
+def infeasible_note(fraction, budget, least, full):
+    """Why a budget row has no plan: the budget and the least any plan reaches, in bytes, each with its share
+    of no checkpointing (two decimals where a whole percent would print them alike)."""
+    digits = 0
+    while digits < 2 and f"{budget / full:.{digits}%}" == f"{least / full:.{digits}%}":
+        digits += 1
+    return (f"no plan fits the budget of {round(fraction * 100)}% of no checkpointing ({memory.format_bytes(budget)}, "
+            f"{budget / full:.{digits}%}): the least any plan reaches is {memory.format_bytes(least)} "
+            f"({least / full:.{digits}%})")
 
 
 # -- W3: accumulation --------------------------------------------------------------------

@@ -363,8 +363,8 @@ class GELU(Function):
     forward makes one new array, its result. Backward needs two scratch
     arrays besides its result; it works through x in pieces (on the CPU), so
     the scratch arrays are small and stay in cache, where two arrays the size
-    of x would add to the step's peak memory (PyTorch's fused kernel needs
-    none). (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`,
+    of x would add to the step's peak memory (PyTorch 2.13's CPU
+    `gelu_backward` allocates its result only: tests/test_claims.py). (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`,
     which cannot be updated in place.)
     """
 

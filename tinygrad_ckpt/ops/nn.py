@@ -68,8 +68,10 @@ class LayerNorm(Function):
         dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),  dxhat = g * weight
         dweight = sum(g * xhat),  dbias = sum(g)   (sums over all rows)
 
-    Saves x, weight and the per-row mean and rstd (as PyTorch does); xhat is
-    recomputed in backward instead of being kept (one array, not two).
+    Saves x, weight and the per-row mean and rstd; xhat is recomputed in
+    backward instead of being kept (one array, not two). PyTorch 2.13's
+    native_layer_norm saves these and the bias too (tests/test_claims.py),
+    a reference to the parameter, no new memory.
 
     Per-row sums of products (the variance, mean(dxhat * xhat)) and dweight
     are einsum contractions: the same sums, without an array of products.
