@@ -127,7 +127,9 @@ def test_plot_draws_with_matplotlib():
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e \".[plot]\")")
     import matplotlib.pyplot as plt
 
-    fig = memory.record(mlp_step()).plot()
+    from tinygrad_ckpt.bench.plots import plot_timeline
+
+    fig = plot_timeline(memory.record(mlp_step()))
     try:
         ax = fig.axes[0]
         assert len(ax.collections) >= len(CATEGORIES)  # one stacked area per category, phase bands besides
@@ -258,13 +260,15 @@ def _howto(path):
 def test_the_page_offers_no_upload_and_says_compare_with_only_beside_its_control(tiny_bench, tmp_path):
     """plotly.js 4 shows a 'Share chart...' button (sendChartToCloud, on by default) that uploads the chart:
     the page turns it off. 'compare with' is said only on a page that has the control."""
+    from tinygrad_ckpt.bench import explorer
+
     out, _ = tiny_bench
     _, parser = embedded(out / "report.html")
     glue = parser.scripts[max(parser.scripts, key=lambda k: "Plotly.newPlot" in parser.scripts[k])]
     assert "showSendToCloud: false" in glue and '"sendChartToCloud"' in glue and "displaylogo: false" in glue
     assert "<label>compare with" in open(out / "report.html", encoding="utf-8").read()
     assert "compare with" in _howto(out / "report.html")
-    one = memory.record(mlp_step()).to_html(tmp_path / "step.html")
+    one = explorer.write_timeline(memory.record(mlp_step()), tmp_path / "step.html")
     page = open(one, encoding="utf-8").read()
     assert "compare with" not in page and "showSendToCloud: false" in page
 
@@ -306,7 +310,7 @@ def test_to_html_refuses_what_is_not_a_timeline(tmp_path):
     with pytest.raises(TypeError, match="memory.Timeline"):
         explorer.write_timeline([{"op": "Mul"}], tmp_path / "x.html")
     with pytest.raises(ValueError, match="no events"):
-        memory.Timeline([], name="empty").to_html(tmp_path / "x.html")
+        explorer.write_timeline(memory.Timeline([], name="empty"), tmp_path / "x.html")
     assert not (tmp_path / "x.html").exists()
 
 

@@ -3,10 +3,9 @@
 The floors are import-linter contracts in pyproject.toml (`lint-imports`
 checks them; this test runs it). The one cycle they allow, tensor <-> ops
 (the ops' records hand back Tensors, through function.py and tape.py), is
-kept to imports inside functions, which the second test checks. So is the
-one reach upwards the contracts allow: memory.Timeline's .plot() and
-.to_html() draw with the instruments, importing them inside those two
-methods only (the third test).
+kept to imports inside functions, which the second test checks. The lab
+(bench/, fit, step_memory, activations, testing/, the command line) imports
+the lesson, never the reverse, not even inside a function (the third test).
 """
 
 import ast
@@ -43,13 +42,43 @@ def test_the_engine_cycle_stays_inside_functions(name):
     assert not module_level, f"{name} imports tensor at module level (line {module_level[0].lineno}): import it inside the function that needs it"
 
 
-def test_memory_reaches_the_instruments_only_inside_the_timelines_drawing_methods():
-    tree = ast.parse((PACKAGE / "memory.py").read_text(encoding="utf-8"))
-    allowed = {}
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Timeline"):
-        for method in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in ("plot", "to_html")):
-            allowed.update({id(n): method.name for n in ast.walk(method)})
-    reaching = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("bench")]
-    assert len(reaching) == 2, "memory.py imports the instruments in Timeline.plot and Timeline.to_html"
-    for node in reaching:
-        assert id(node) in allowed, f"memory.py line {node.lineno} imports the instruments outside Timeline.plot/to_html"
+LAB = ("bench", "fit", "step_memory", "activations", "testing", "cli", "__main__")
+
+
+def _lab_imports(path):
+    """(line, lab module) for each import of the lab in this module, at any depth (inside functions too)."""
+    package = list(path.relative_to(PACKAGE).parts[:-1])  # [] for a top-level module, ["nn"] for nn/*.py
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:  # from . import x, from ..bench import y
+            target = package[:len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            tops = [target[0]] if target else [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tinygrad_ckpt"):
+            target = node.module.split(".")[1:]
+            tops = [target[0]] if target else [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            tops = [a.name.split(".")[1] for a in node.names if a.name.startswith("tinygrad_ckpt.")]
+        else:
+            continue
+        found += [(node.lineno, top) for top in tops if top in LAB]
+    return found
+
+
+def test_lab_imports_finds_them_at_any_depth(tmp_path):
+    (tmp_path / "nn").mkdir()
+    probe = tmp_path / "nn" / "probe.py"
+    probe.write_text("from ..tensor import Tensor\ndef f():\n    from ..bench.plots import plot_timeline\n"
+                     "    from .. import fit\n    import tinygrad_ckpt.testing.verify\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path
+    try:
+        assert _lab_imports(probe) == [(3, "bench"), (4, "fit"), (5, "testing")]
+    finally:
+        PACKAGE = saved
+
+
+def test_the_lesson_never_imports_the_lab():
+    lesson = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in LAB]
+    assert len(lesson) > 30
+    reaching = {str(p.relative_to(PACKAGE)): found for p in lesson if (found := _lab_imports(p))}
+    assert not reaching, f"the lesson imports the lab (the lab imports the lesson, never the reverse): {reaching}"

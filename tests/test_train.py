@@ -16,7 +16,7 @@ import pytest
 from tinygrad_ckpt import autograd, memory, nn
 from tinygrad_ckpt.data import CharDataset, CharTokenizer
 from tinygrad_ckpt.nn import GPT, GPTConfig
-from tinygrad_ckpt.train import TrainingArguments, Trainer, get_learning_rate
+from tinygrad_ckpt.train import Trainer, TrainerCallback, TrainingArguments, get_learning_rate
 
 V, T = 11, 8  # vocabulary, block size
 
@@ -783,12 +783,15 @@ def test_resume_never_takes_another_runs_newer_checkpoint(tmp_path):
 def test_the_memory_report_path_is_checked_before_the_first_step(tmp_path, where, message):
     import sys as _sys
 
+    pytest.importorskip("plotly", reason="the memory explorer page needs Plotly (pip install -e \".[report]\")")
+    from tinygrad_ckpt.bench.explorer import MemoryReport
+
     if where == "proc" and not _sys.platform.startswith("linux"):
         pytest.skip("/proc is Linux's")
     path = {"directory": str(tmp_path), "missing": str(tmp_path / "no" / "step.html"), "proc": "/proc/step.html"}[where]
     data = Recording(dataset())
-    with pytest.raises(OSError, match=message):
-        Trainer(tiny_gpt(), args(max_steps=1, memory_report=path), data).train()
+    with pytest.raises(OSError, match=message):  # when the callback is made: before any step
+        Trainer(tiny_gpt(), args(max_steps=1), data, callbacks=[MemoryReport(path)]).train()
     assert data.reads == []
 
 
@@ -826,3 +829,26 @@ def test_a_model_path_taken_by_a_folder_is_said_before_the_first_step(tmp_path):
     with pytest.raises(OSError, match=r"model.npz' is a directory"):
         Trainer(tiny_gpt(), args(max_steps=1, output_dir=str(tmp_path)), data).train()
     assert data.reads == []
+
+
+def test_callbacks_hear_each_optimizer_step_begin_at_its_first_micro_batch_and_end_after_its_update(capsys):
+    class Heard(TrainerCallback):
+        def __init__(self):
+            self.events = []
+
+        def on_step_begin(self, trainer):
+            self.events.append(("begin", trainer.state.global_step, trainer.accumulator.micro_batches))
+
+        def on_step_end(self, trainer):
+            self.events.append(("end", trainer.state.global_step, trainer.accumulator.micro_batches))
+            return f"heard step {trainer.state.global_step}"
+
+    heard, silent = Heard(), TrainerCallback()  # the base class does nothing, says nothing
+    Trainer(tiny_gpt(), args(max_steps=3, gradient_accumulation_steps=2), dataset(), callbacks=[silent, heard]).train()
+    # Each optimizer step of 2 micro-batches: begun before its first (none accumulated yet), ended after its update.
+    assert [(e, step) for e, step, _ in heard.events] == [("begin", 0), ("end", 1), ("begin", 1), ("end", 2),
+                                                          ("begin", 2), ("end", 3)]
+    assert [n for e, _, n in heard.events if e == "begin"] == [0, 0, 0]
+    out = capsys.readouterr()
+    assert [line for line in (out.out + out.err).splitlines() if line.startswith("heard")] == [
+        "heard step 1", "heard step 2", "heard step 3"]

@@ -97,6 +97,10 @@ def add_train_arguments(parser):
 
     training = parser.add_argument_group("training (TrainingArguments, as in Hugging Face)")
     add_dataclass_arguments(training, TrainingArguments, d)
+    training.add_argument("--memory-report", metavar="PATH", default=None,
+                          help="record the first optimizer step (all its micro-batches) and write the memory "
+                               "explorer page there, one self-contained HTML file (needs Plotly: "
+                               "pip install -e \".[report]\")")
     training.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                           help="continue from CHECKPOINT, a file or a directory (default: the newest checkpoint "
                                "in --output-dir that verifies)")
@@ -196,6 +200,11 @@ def _train(args, parallel):
             backend.module_for("cuda")
         except RuntimeError as e:  # CuPy or a GPU is missing: an optional dependency, not a bug
             raise ImportError(str(e)) from None
+    callbacks = []
+    if args.memory_report is not None:
+        from .bench.explorer import MemoryReport  # Plotly, the `report` extra: only when asked for
+
+        callbacks.append(MemoryReport(args.memory_report))  # its path is checked now, before any step
     tokenizer, train_data, val_data = load_char_datasets(args.data, args.block_size, args.val_fraction)
     random.manual_seed(args.seed)
     config = GPTConfig(
@@ -205,7 +214,7 @@ def _train(args, parallel):
     try:
         model = GPT(config, rng=numpy.random.default_rng(args.seed), device=args.device)
         trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data,
-                          tokenizer=tokenizer, distributed=parallel)
+                          tokenizer=tokenizer, distributed=parallel, callbacks=callbacks)
     except MemoryError as e:  # the model itself, before any batch: the batch advice would not help
         raise ValueError(f"the model and its optimizer state do not fit in memory ({e or 'MemoryError'}); use a "
                          "smaller --n-embd, --n-layer or --block-size") from None

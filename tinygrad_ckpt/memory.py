@@ -24,8 +24,9 @@ with tracemalloc, which sees every NumPy buffer, and state the margin.
 The timeline (`timeline()`) records one event per op in forward, backward and
 recompute, with the live bytes per category after it: that is the picture of
 a training step that the benchmarks draw. `record(fn, *args)` runs one call
-with the timeline on and returns it as a `Timeline`, which the instruments
-draw: `.plot()` with matplotlib, `.to_html(path)` as the memory explorer page.
+with the timeline on and returns it as a `Timeline`, which the lab draws:
+`bench.plots.plot_timeline(timeline)` with matplotlib,
+`bench.explorer.write_timeline(timeline, path)` as the memory explorer page.
 
 An event is a dict:
 
@@ -56,10 +57,8 @@ An event is a dict:
                        an op: its arrays' shapes (to count its FLOPs)
 
 What does not live here: drawing (bench/plots.py) and the page
-(bench/explorer.py), which `Timeline.plot()` and `Timeline.to_html()` reach
-inside those two methods only, so importing the engine never loads the
-instruments, matplotlib or Plotly (pyproject.toml's contracts name the two
-imports; tests/test_layers.py keeps them inside the methods).
+(bench/explorer.py): the lab imports the lesson, never the reverse, so
+importing the engine never loads matplotlib or Plotly.
 """
 
 import weakref
@@ -248,8 +247,8 @@ def record(fn, *args, name=None, **kwargs):
     """Run fn(*args, **kwargs) with the timeline on; returns its `Timeline`.
 
         timeline = memory.record(train_step, x, y)
-        timeline.plot()                     # matplotlib (the `plot` extra)
-        timeline.to_html("step.html")       # the memory explorer page (the `report` extra)
+        plot_timeline(timeline)             # bench/plots.py: matplotlib (the `plot` extra)
+        write_timeline(timeline, "s.html")  # bench/explorer.py: the memory explorer page (the `report` extra)
 
     name: what the pictures call it (default: fn's name). What fn returns
     is kept as `timeline.result`.
@@ -300,27 +299,6 @@ class Timeline:
     @classmethod
     def from_dict(cls, data):
         return cls(data["events"], name=data.get("name", "step"), before=data.get("before"))
-
-    def plot(self, ax=None):
-        """Draw the timeline with matplotlib: live bytes by category, phases shaded; returns the Figure.
-
-        ax: a matplotlib Axes to draw into (default: a new figure). Needs
-        matplotlib (pip install -e ".[plot]").
-        """
-        from .bench.plots import timeline_figure  # the instruments draw; see the module docstring
-
-        return timeline_figure(self, ax)
-
-    def to_html(self, path, title=None):
-        """Write the memory explorer page of this timeline to path (self-contained HTML); returns path.
-
-        Needs Plotly (pip install -e ".[report]"). The page: the
-        stacked timeline with every event on hover, and the tape listing of
-        its records linked to it (see bench/explorer.py).
-        """
-        from .bench.explorer import write_timeline  # the instruments draw; see the module docstring
-
-        return write_timeline(self, path, title=title)
 
 
 def format_bytes(n):

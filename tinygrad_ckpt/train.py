@@ -44,8 +44,8 @@ What the Trainer guards, so that a run never loses a good state:
     skipped steps) is range-checked when it is read; with fewer training
     examples than it was written with, a position past the end of an epoch
     continues at the next epoch, and says so.
-  - before the first step: the output directory and memory_report must be
-    writable, and the temporary files of a save that was killed are removed.
+  - before the first step: the output directory must be writable, and the
+    temporary files of a save that was killed are removed.
   - with detect_anomaly=True the steps run in anomaly mode (autograd.py):
     the first op whose output or gradient is NaN or infinite stops the run
     with FloatingPointError, naming the op and the line of code that made it.
@@ -61,11 +61,9 @@ optimizers (optim.py), the file format (serialization.py), the data set
 """
 
 import contextlib
-import importlib.util
 import math
 import numbers
 import re
-import os
 import secrets
 import sys
 import time
@@ -150,9 +148,6 @@ class TrainingArguments:
     optim: str = _field("adamw", "the optimizer", choices=OPTIMIZERS)
     accumulation_dtype: str = _field(None, "dtype of the accumulation buffers, e.g. float64 (None: the parameters')")
     disable_tqdm: bool = _field(False, "no live progress line (log lines are still printed)")
-    memory_report: str = _field(None, "record the first optimizer step (all its micro-batches) and write the memory "
-                                      "explorer page there, one self-contained HTML file (needs Plotly: "
-                                      "pip install -e \".[report]\")")
     detect_anomaly: bool = _field(
         False, "run the training steps in anomaly mode (tinygrad_ckpt.autograd.detect_anomaly): the first op "
                "whose output or gradient is NaN or infinite stops the run, naming the op and the line that "
@@ -198,7 +193,6 @@ class TrainingArguments:
             )
         self._check_accumulation_dtype()
         self._check_gradient_checkpointing_kwargs()
-        self._check_memory_report()
 
     def _check_int(self, name, minimum, hint=""):
         value = getattr(self, name)
@@ -265,12 +259,6 @@ class TrainingArguments:
                 f"boundaries such as [2, 4] (an int: the number of segments, at least 1), got {segments!r}"
             )
 
-    def _check_memory_report(self):
-        if self.memory_report is not None and (not isinstance(self.memory_report, (str, Path))
-                                               or str(self.memory_report) == ""):
-            raise ValueError(f"memory_report must be the path of an HTML file to write, or None, "
-                             f"got {self.memory_report!r}")
-
     @property
     def effective_batch_size(self):
         """Examples per optimizer step."""
@@ -306,6 +294,22 @@ def create_optimizer(parameters, args):
         parameters, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon, weight_decay=args.weight_decay,
     )
+
+
+class TrainerCallback:
+    """Something called at points of training: Hugging Face's TrainerCallback, with the two events this Trainer has.
+
+    Subclass it and pass an instance in Trainer(..., callbacks=[...]). Both
+    events get the trainer (its state, args, model); on_step_end may return
+    a line to print, or None.
+    """
+
+    def on_step_begin(self, trainer):
+        """At the first micro-batch of an optimizer step."""
+
+    def on_step_end(self, trainer):
+        """After the optimizer step's update (trainer.state.global_step counts it)."""
+        return None
 
 
 @dataclass
@@ -444,13 +448,18 @@ class Trainer:
     checkpoints and the model so a sampler can decode (anything with
     state_dict()). distributed: a distributed.DataParallel for data-parallel
     training under `mpiexec -n N` (effective batch x N); None: one process.
+    callbacks: TrainerCallback objects (Hugging Face's name), called at each
+    optimizer step's first micro-batch and after its update (the memory
+    explorer's page of one step is one: bench.explorer.MemoryReport).
     """
 
-    def __init__(self, model, args, train_dataset, eval_dataset=None, tokenizer=None, distributed=None):
+    def __init__(self, model, args, train_dataset, eval_dataset=None, tokenizer=None, distributed=None,
+                 callbacks=None):
         if not isinstance(args, TrainingArguments):
             raise TypeError(f"args must be a TrainingArguments, got {type(args).__name__}")
         self.model, self.args, self.tokenizer = model, args, tokenizer
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.callbacks = list(callbacks or ())
         B = args.per_device_train_batch_size
         if len(train_dataset) < B:
             raise ValueError(
@@ -539,7 +548,7 @@ class Trainer:
         several processes, every process must hold the same parameters.
         """
         args, acc = self.args, self.accumulator
-        report = self._prepare_outputs(fresh=not resume_from_checkpoint)
+        self._prepare_outputs(fresh=not resume_from_checkpoint)
         if resume_from_checkpoint:
             self._load_checkpoint(resume_from_checkpoint)  # sets self.state, the model, optimizer, RNG and run id
         else:
@@ -558,7 +567,7 @@ class Trainer:
         acc.zero_grad()
         try:
             with autograd.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
-                self._training_loop(progress, report)
+                self._training_loop(progress)
         except RuntimeError as e:
             if not (args.detect_anomaly and str(e).startswith(ANOMALY)):
                 raise
@@ -573,17 +582,15 @@ class Trainer:
             self.save_model()
         return state.log_history
 
-    def _training_loop(self, progress, report):
-        """The optimizer steps, from self.state to total_steps (train() prepares and finishes).
-
-        report: a _StepReport that records the first optimizer step, or None.
-        """
+    def _training_loop(self, progress):
+        """The optimizer steps, from self.state to total_steps (train() prepares and finishes)."""
         args, acc, state = self.args, self.accumulator, self.state
         B, total = args.per_device_train_batch_size * self.world_size, self.total_steps  # B: all processes' examples
         step = {"loss": 0.0, "items": 0, "tokens": 0}  # summed over the micro-batches of this optimizer step
         window = {"loss": 0.0, "items": 0, "tokens": 0, "time": time.perf_counter(),  # since the last log
                   "first_step": state.global_step + 1}
         n_micro = self.micro_batches_per_epoch
+        begun = False  # the callbacks were told that this optimizer step began
         while state.global_step < total:
             if state.micro_step >= n_micro:  # a position past this data's epoch (see _restore): the next epoch
                 state.epoch, state.micro_step = state.epoch + 1, 0
@@ -592,8 +599,10 @@ class Trainer:
                 indices, items = order[m * B : (m + 1) * B], 0
                 if self.distributed is not None:  # this process's share; at an epoch's end it may be empty
                     indices = self.distributed.shard(indices)
-                if report is not None:
-                    report.start()  # at the first micro-batch of this run's first optimizer step
+                if not begun:  # the first micro-batch of an optimizer step
+                    for callback in self.callbacks:
+                        callback.on_step_begin(self)
+                    begun = True
                 if len(indices):
                     batch = self._micro_batch(indices, self.train_dataset)
                     loss, items = self.compute_loss(batch)  # forward ...
@@ -608,9 +617,11 @@ class Trainer:
                 lr = get_learning_rate(state.global_step, args, total)
                 grad_norm, nonfinite = self._optimizer_step(lr, step)
                 state.global_step += 1
-                if report is not None:
-                    progress.write(report.finish(f"optimizer step {state.global_step}"))
-                    report = None
+                for callback in self.callbacks:
+                    said = callback.on_step_end(self)
+                    if said:
+                        progress.write(said)
+                begun = False
                 state.micro_step = m + 1
                 if state.micro_step == n_micro:  # the epoch is done
                     state.epoch, state.micro_step = state.epoch + 1, 0
@@ -724,10 +735,10 @@ class Trainer:
 
     # -- before the first step ------------------------------------------------------
     def _prepare_outputs(self, fresh):
-        """Fail now, not at the first save, if what the run writes cannot be written; returns the _StepReport or None.
+        """Fail now, not at the first save, if what the run writes cannot be written.
 
         output_dir must be writable (stale temporary files are removed from
-        it), and so must memory_report's path. fresh: a run that does not
+        it). fresh: a run that does not
         resume. One output directory holds one run, as with Hugging Face's
         overwrite_output_dir: if it already holds another run's checkpoints
         or model, a fresh run is refused (ValueError naming it), or with
@@ -735,11 +746,9 @@ class Trainer:
         process 0 writes, so only it looks; with several processes they all
         stop together if it finds a problem.
         """
-        error, report = None, None
+        error = None
         if self.is_main_process:
             try:
-                if self.args.memory_report:
-                    report = _StepReport(self.args.memory_report)
                 if self.args.output_dir is not None:
                     serialization.check_writable(self.args.output_dir)
                     serialization.check_file_writable(Path(self.args.output_dir) / MODEL_NAME)  # not a folder
@@ -755,7 +764,6 @@ class Trainer:
             self.distributed.raise_if_any(error)
         elif error is not None:
             raise error
-        return report
 
     def _claim_output_dir(self):
         """A fresh run's output_dir must hold no other run's output; overwrite_output_dir deletes it."""
@@ -1104,39 +1112,6 @@ def format_log(entry, total_steps):
     if "memory" in entry:
         parts.append(f"mem {memory.format_bytes(entry['memory'])} (peak {memory.format_bytes(entry['peak_memory'])})")
     return " | ".join(parts)
-
-
-class _StepReport:
-    """args.memory_report: one optimizer step, all its micro-batches, recorded (memory.timeline) and written as a page.
-
-    Started at the step's first micro-batch, finished after its update; the
-    page is memory.Timeline.to_html's (Plotly: the `report` extra). If
-    training fails in between, the timeline stops with this object.
-    """
-
-    def __init__(self, path):
-        try:  # said now, not after the step has run
-            serialization.check_file_writable(path)
-        except OSError as e:
-            raise type(e)(e.errno, f"memory_report: {e.strerror}") from None
-        if importlib.util.find_spec("plotly") is None:
-            raise ImportError(f"memory_report={path!r} needs Plotly for the page: pip install -e \".[report]\"")
-        self.path, self.recording = path, None
-
-    def start(self):
-        if self.recording is None:
-            self.before = memory.current()
-            self.recording = contextlib.ExitStack()
-            self.events = self.recording.enter_context(memory.timeline())
-
-    def finish(self, name):
-        """Stop recording, write the page; returns the line to print."""
-        self.recording.close()
-        timeline = memory.Timeline(self.events, name=name, before=self.before)
-        timeline.to_html(self.path)
-        i, peak = timeline.peak()
-        return (f"memory report: {self.path} ({os.path.getsize(self.path) / 2**20:.1f} MiB; {name}: {len(timeline)} events, "
-                f"peak {memory.format_bytes(peak)} at {timeline.events[i]['op']}, {timeline.events[i]['phase']})")
 
 
 class _Progress:

@@ -18,9 +18,9 @@
 Nothing below this floor imports it: the engine, the techniques, the
 models and training know nothing of how they are measured. The command
 line (cli.py) reaches it through the three names imported here; the checks
-above it (testing/) print with report.py's table renderer. One exception,
-for the user: memory.Timeline's .plot() and .to_html() draw with plots.py
-and explorer.py, importing them inside those two methods.
+above it (testing/) print with report.py's table renderer. A memory.Timeline
+is drawn by plots.plot_timeline and explorer.write_timeline; a training run
+records one for the page through explorer.MemoryReport, a Trainer callback.
 
 What does not live here: the saved-activations report (saved.py) and the
 analytic activation counts (activations.py), which are part of what a

@@ -1,7 +1,8 @@
 """The memory explorer: one self-contained HTML page of where every byte of a training step goes.
 
     tinygrad-ckpt bench                       # writes report.html beside bench.md
-    memory.record(step, x).to_html("step.html")   # the same page for one step of your own
+    write_timeline(memory.record(step, x), "step.html")   # the same page for one step of your own
+    Trainer(..., callbacks=[MemoryReport("step.html")])   # one optimizer step of a run (train --memory-report)
 
 For each workload and strategy the page holds a stacked timeline of one
 training step by memory category (memory.py's events), with the forward,
@@ -44,9 +45,11 @@ What does not live here: the measuring (strategies.py), the events
 themselves (memory.py), the colours (palette.py), the PNG plots (plots.py).
 """
 
+import contextlib
 import html
 import json
 import math
+import os
 
 try:
     import plotly
@@ -55,7 +58,9 @@ try:
 except ImportError as e:  # the optional `report` extra
     raise ImportError(f"the memory explorer page needs Plotly ({e}): pip install -e \".[report]\"") from None
 
+from .. import memory, serialization
 from ..memory import Timeline, format_bytes
+from ..train import TrainerCallback
 from .palette import CATEGORY_COLOURS, PHASES, STACK, STYLES
 from .report import write_text
 
@@ -104,6 +109,46 @@ def write_timeline(timeline, path, title=None):
     section = _timeline_section("timeline-step", html.escape(timeline.name), {timeline.name: timeline}, "")
     write_text(path, _page(title, "", [section], [], None, None))
     return path
+
+
+class MemoryReport(TrainerCallback):
+    """One optimizer step of a training run, all its micro-batches, recorded and written as this page.
+
+    `tinygrad-ckpt train --memory-report PATH`, or Trainer(...,
+    callbacks=[MemoryReport(path)]). The path is checked when the report is
+    made, before any step; the first optimizer step is recorded (memory.timeline)
+    from its first micro-batch to its update, and only the main process writes.
+    """
+
+    def __init__(self, path):
+        if not isinstance(path, (str, os.PathLike)) or str(path) == "":
+            raise ValueError(f"memory_report must be the path of an HTML file to write, got {path!r}")
+        try:  # said now, not after the step has run
+            serialization.check_file_writable(path)
+        except OSError as e:
+            raise type(e)(e.errno, f"memory_report: {e.strerror}") from None
+        self.path, self.recording, self.done = path, None, False
+
+    def on_step_begin(self, trainer):
+        if not self.done and self.recording is None:
+            self.before = memory.current()
+            self.recording = contextlib.ExitStack()
+            self.events = self.recording.enter_context(memory.timeline())
+
+    def on_step_end(self, trainer):
+        """Stop recording, write the page; returns the line to print."""
+        if self.recording is None:
+            return None
+        self.recording.close()
+        self.recording, self.done = None, True
+        if not trainer.is_main_process:
+            return None
+        name = f"optimizer step {trainer.state.global_step}"
+        timeline = Timeline(self.events, name=name, before=self.before)
+        write_timeline(timeline, self.path)
+        i, peak = timeline.peak()
+        return (f"memory report: {self.path} ({os.path.getsize(self.path) / 2**20:.1f} MiB; {name}: {len(timeline)} "
+                f"events, peak {format_bytes(peak)} at {timeline.events[i]['op']}, {timeline.events[i]['phase']})")
 
 
 _WORKLOAD_NOTES = {

@@ -20,8 +20,8 @@ Every picture is written through the package's one atomic writer, readable
 by everyone as any file the user writes (the umask decides, as for open()).
 Colours of memory categories and recompute marks come from palette.py, which
 the tutorials use too.
-`timeline_figure(timeline)` draws one memory.Timeline: it is what
-`memory.record(...).plot()` shows, and each panel of the timeline pictures.
+`plot_timeline(timeline)` draws one memory.Timeline (memory.record's), and
+each panel of the timeline pictures.
 
 What does not live here: measuring (strategies.py), the memory categories
 themselves (memory.py), the colours (palette.py), the interactive page
@@ -136,8 +136,12 @@ def timelines(workload, timeline):
     return fig
 
 
-def timeline_figure(timeline, ax=None):
-    """One memory.Timeline drawn into ax (default: a new figure); returns the Figure."""
+def plot_timeline(timeline, ax=None):
+    """One memory.Timeline drawn into ax (default: a new figure); returns the Figure.
+
+    Live bytes by category after each event, the phases shaded. Needs
+    matplotlib (pip install -e ".[plot]").
+    """
     if ax is None:
         fig, ax = plt.subplots(figsize=(10, 3.6))
     else:
