@@ -2,7 +2,7 @@
 
 Damage of every kind (a flipped byte anywhere, a truncation, another kind of
 file, a header that lies, metadata of the wrong type) must give either the
-identical checkpoint or CheckpointError naming the file, and a restore that
+identical checkpoint or CheckpointFileError naming the file, and a restore that
 fails must leave the model and optimizer as they were.
 """
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tinygrad_ckpt import Tensor, nn, serialization
 from tinygrad_ckpt.optim import AdamW
-from tinygrad_ckpt.serialization import CheckpointError, atomic_write, load, restore, save
+from tinygrad_ckpt.serialization import CheckpointFileError, atomic_write, load, restore, save
 
 CONFIG = nn.GPTConfig(block_size=6, vocab_size=7, n_layer=1, n_head=2, n_embd=8, dropout=0.0)
 IDX = numpy.array([[0, 1, 2, 3, 4, 5], [6, 5, 4, 3, 2, 1]])
@@ -140,13 +140,13 @@ def test_damaged_file_gives_a_clear_error(tmp_path, damage):
     else:
         data = b"this is not a checkpoint"
     path.write_bytes(data)
-    with pytest.raises(CheckpointError, match=r"ckpt\.npz' is corrupt or truncated"):
+    with pytest.raises(CheckpointFileError, match=r"ckpt\.npz' is corrupt or truncated"):
         load(path)
-    with pytest.raises(ValueError):  # CheckpointError is a ValueError
+    with pytest.raises(ValueError):  # CheckpointFileError is a ValueError
         restore(path, model)
 
 
-# -- any damage: the identical checkpoint, or CheckpointError ------------------------------
+# -- any damage: the identical checkpoint, or CheckpointFileError ------------------------------
 SMALL = nn.Linear(3, 2, rng=numpy.random.default_rng(0))
 
 
@@ -182,7 +182,7 @@ def test_flipped_bytes_anywhere_give_the_identical_checkpoint_or_checkpoint_erro
     before = [p.numpy().copy() for p in model.parameters()]
     try:
         extra = restore(path, model, opt)
-    except CheckpointError as e:
+    except CheckpointFileError as e:
         assert "ckpt.npz" in str(e)
         assert all(numpy.array_equal(p.numpy(), b) for p, b in zip(model.parameters(), before))  # nothing restored
         return
@@ -202,7 +202,7 @@ def test_single_byte_flips_in_the_zip_directory_and_across_the_file(tmp_path):
         path.write_bytes(good[:i] + bytes([good[i] ^ 0x10]) + good[i + 1:])
         try:
             got = load(path)
-        except CheckpointError:
+        except CheckpointFileError:
             errors += 1
             continue
         assert same(got, expected), f"byte {i} flipped gave a different checkpoint"
@@ -215,7 +215,7 @@ def test_a_truncated_file_is_checkpoint_error(tmp_path_factory, keep):
     good = small_checkpoint(path)
     for n in (int(keep * len(good)), len(good) - 1):
         path.write_bytes(good[:n])
-        with pytest.raises(CheckpointError, match=r"ckpt\.npz"):
+        with pytest.raises(CheckpointFileError, match=r"ckpt\.npz"):
             load(path)
 
 
@@ -247,17 +247,17 @@ def edit_meta(path, edit):
 
 def test_a_plain_npy_file_is_checkpoint_error(tmp_path):
     numpy.save(tmp_path / "weights.npy", numpy.ones(3))
-    with pytest.raises(CheckpointError, match=r"weights\.npy' is corrupt or truncated .*BadZipFile"):
+    with pytest.raises(CheckpointFileError, match=r"weights\.npy' is corrupt or truncated .*BadZipFile"):
         load(tmp_path / "weights.npy")
 
 
 def test_another_zip_is_checkpoint_error(tmp_path):
     write_members(tmp_path / "other.zip", {"readme.txt": b"hello"})
-    with pytest.raises(CheckpointError, match=r"other\.zip' is corrupt or not a checkpoint: it holds 'readme\.txt'"):
+    with pytest.raises(CheckpointFileError, match=r"other\.zip' is corrupt or not a checkpoint: it holds 'readme\.txt'"):
         load(tmp_path / "other.zip")
     with zipfile.ZipFile(tmp_path / "deflated.npz", "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("a.npy", npy(numpy.ones(3)))
-    with pytest.raises(CheckpointError, match="compressed"):
+    with pytest.raises(CheckpointFileError, match="compressed"):
         load(tmp_path / "deflated.npz")
 
 
@@ -287,9 +287,9 @@ def test_lying_or_dangerous_entries_are_checkpoint_error_before_any_allocation(t
         entries["extra/ids.npy.x"] = b""
         message = "not a .npy array"
     write_members(path, entries)
-    with pytest.raises(CheckpointError, match=r"ckpt\.npz"):
+    with pytest.raises(CheckpointFileError, match=r"ckpt\.npz"):
         load(path)
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(CheckpointFileError, match=message):
         load(path)
 
 
@@ -315,7 +315,7 @@ def test_metadata_of_the_wrong_type_is_checkpoint_error(tmp_path, edit, message)
     path = tmp_path / "ckpt.npz"
     small_checkpoint(path)
     edit_meta(path, edit)
-    with pytest.raises(CheckpointError, match=message) as info:
+    with pytest.raises(CheckpointFileError, match=message) as info:
         load(path)
     assert "ckpt.npz" in str(info.value)
 
@@ -326,11 +326,11 @@ def test_meta_that_is_not_json(tmp_path):
     entries = members(path)
     entries["__meta__.npy"] = npy(numpy.array("{not json"))
     write_members(path, entries)
-    with pytest.raises(CheckpointError, match="__meta__ entry is not valid JSON"):
+    with pytest.raises(CheckpointFileError, match="__meta__ entry is not valid JSON"):
         load(path)
     entries["__meta__.npy"] = npy(numpy.array("[" * 100_000 + "]" * 100_000))  # deeper than Python recurses
     write_members(path, entries)
-    with pytest.raises(CheckpointError, match="__meta__"):
+    with pytest.raises(CheckpointFileError, match="__meta__"):
         load(path)
 
 
@@ -368,7 +368,7 @@ def test_an_optimizer_that_does_not_fit_leaves_the_model_untouched(tmp_path):
     save(tmp_path / "ckpt.npz", model, opt)
     other = nn.GPT(CONFIG, rng=numpy.random.default_rng(1))
     before = other.state_dict()
-    with pytest.raises(CheckpointError, match="holds a AdamW state, not a SGD state"):
+    with pytest.raises(CheckpointFileError, match="holds a AdamW state, not a SGD state"):
         restore(tmp_path / "ckpt.npz", other, SGD(other.parameters(), lr=0.1, momentum=0.9))
     for name, value in other.state_dict().items():
         assert numpy.array_equal(value, before[name]), name
@@ -378,13 +378,13 @@ def test_arrays_of_another_dtype_are_refused_not_cast(tmp_path):
     model, opt = model_and_optimizer(0)
     save(tmp_path / "ckpt.npz", model, opt)
     double = nn.GPT(CONFIG, rng=numpy.random.default_rng(1), dtype=numpy.float64)
-    with pytest.raises(CheckpointError, match=r"model entry 'wte.weight' is float32, the model's is float64"):
+    with pytest.raises(CheckpointFileError, match=r"model entry 'wte.weight' is float32, the model's is float64"):
         restore(tmp_path / "ckpt.npz", double)
     opt_state = opt.state_dict()
     opt_state["state"]["exp_avg"][0] = opt_state["state"]["exp_avg"][0].astype(numpy.float64)
     save(tmp_path / "mixed.npz", model, opt_state)
     fresh, fresh_opt = model_and_optimizer(1)
-    with pytest.raises(CheckpointError, match=r"AdamW state exp_avg\[0\] is float64 .* this optimizer's is float32"):
+    with pytest.raises(CheckpointFileError, match=r"AdamW state exp_avg\[0\] is float64 .* this optimizer's is float32"):
         restore(tmp_path / "mixed.npz", fresh, fresh_opt)
 
 
@@ -413,7 +413,7 @@ def test_check_writable(tmp_path):
 
 def test_an_npz_that_is_not_a_checkpoint(tmp_path):
     numpy.savez(tmp_path / "other.npz", a=numpy.ones(2))
-    with pytest.raises(CheckpointError, match="not a tinygrad_ckpt checkpoint"):
+    with pytest.raises(CheckpointFileError, match="not a tinygrad_ckpt checkpoint"):
         load(tmp_path / "other.npz")
 
 
@@ -440,7 +440,7 @@ def test_loading_into_a_different_model_lists_the_differences(tmp_path):
 def test_restore_asks_for_what_the_file_lacks(tmp_path):
     model, opt = model_and_optimizer(0)
     save(tmp_path / "weights.npz", model)
-    with pytest.raises(CheckpointError, match="holds no optimizer state"):
+    with pytest.raises(CheckpointFileError, match="holds no optimizer state"):
         restore(tmp_path / "weights.npz", model, opt)
 
 

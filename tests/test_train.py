@@ -523,14 +523,14 @@ def test_resume_skips_damaged_checkpoints_for_the_newest_good_one(tmp_path, caps
 
 
 def test_resume_when_every_checkpoint_is_damaged(tmp_path):
-    from tinygrad_ckpt.serialization import CheckpointError
+    from tinygrad_ckpt.serialization import CheckpointFileError
 
     Trainer(tiny_gpt(), args(max_steps=2, save_steps=1, output_dir=str(tmp_path)), dataset()).train()
     for name in ("checkpoint-1.npz", "checkpoint-2.npz"):
         (tmp_path / name).write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match=r"no checkpoint in .* can be resumed from: all 2 are damaged"):
+    with pytest.raises(CheckpointFileError, match=r"no checkpoint in .* can be resumed from: all 2 are damaged"):
         Trainer(tiny_gpt(), args(max_steps=2, output_dir=str(tmp_path)), dataset()).train(resume_from_checkpoint=True)
-    with pytest.raises(CheckpointError, match=r"checkpoint-1\.npz' is corrupt"):  # a file named: no fallback
+    with pytest.raises(CheckpointFileError, match=r"checkpoint-1\.npz' is corrupt"):  # a file named: no fallback
         Trainer(tiny_gpt(), args(max_steps=2), dataset()).train(resume_from_checkpoint=tmp_path / "checkpoint-1.npz")
 
 
@@ -698,23 +698,23 @@ def position(**values):
                                                               r"global_step=4"),
 ])
 def test_every_stored_field_is_range_checked(tmp_path, within_20_seconds, change, message):
-    from tinygrad_ckpt.serialization import CheckpointError
+    from tinygrad_ckpt.serialization import CheckpointFileError
 
     path = craft(saved_run(tmp_path) / "checkpoint-4.npz", change)
     trainer = Trainer(tiny_gpt(), args(per_device_train_batch_size=2, max_steps=8), Recording(dataset(n_tokens=11 * T + 1)))
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(CheckpointFileError, match=message):
         trainer.train(resume_from_checkpoint=path)
     assert trainer.train_dataset.reads == []
 
 
 def test_a_position_not_at_a_step_boundary_is_refused(tmp_path, within_20_seconds):
-    from tinygrad_ckpt.serialization import CheckpointError
+    from tinygrad_ckpt.serialization import CheckpointFileError
 
     saved_run(tmp_path, gradient_accumulation_steps=2)
     path = craft(tmp_path / "checkpoint-2.npz", position(micro_step=1))
     trainer = Trainer(tiny_gpt(), args(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8),
                       dataset(n_tokens=11 * T + 1))
-    with pytest.raises(CheckpointError, match=r"micro_step 1 is not at the start of an optimizer step"):
+    with pytest.raises(CheckpointFileError, match=r"micro_step 1 is not at the start of an optimizer step"):
         trainer.train(resume_from_checkpoint=path)
 
 

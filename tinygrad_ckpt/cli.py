@@ -62,7 +62,7 @@ DEFAULTS = dict(
 )
 
 # The exceptions that mean "the input is wrong", not "the program is wrong":
-# one line and exit status 2 (CheckpointError is a ValueError; FloatingPointError
+# one line and exit status 2 (CheckpointFileError is a ValueError; FloatingPointError
 # is a run that diverged; MemoryError is a run too big for this machine).
 USER_ERRORS = (ValueError, OSError, ImportError, DistributedError, LoadStateDictError, FloatingPointError,
                MemoryError)

@@ -1,9 +1,11 @@
 """Checkpoint policies: which ops of a checkpointed segment keep their results.
 
-A plain checkpoint recomputes what its backward needs of the segment
-(recompute.py). A policy decides op by op which results to keep from the
-forward instead, as JAX's do (`jax.checkpoint_policies`, jax 0.10.2,
-jax/_src/ad_checkpoint.py: asked about each primitive it traces):
+What a policy adds to the plain path (checkpoint.py, which recomputes the
+whole segment): it decides op by op which results to keep from the forward
+instead, as JAX's policies do (`jax.checkpoint_policies`); tutorial 5 sets
+them beside Megatron-LM's selective recomputation, which chooses whole
+modules. Cost: the kept arrays are saved activations until backward; every
+op they spare is one the recompute does not run.
 
     "save"       keep the op's outputs (and the arrays its backward needs) from
                  the forward; the recompute does not run it again
@@ -11,17 +13,7 @@ jax/_src/ad_checkpoint.py: asked about each primitive it traces):
     "offload"    as "save", but kept arrays wait in host memory between forward
                  and backward, moved there and back by `save_on_cpu`'s hooks
                  (autograd.py). On CuPy that frees GPU memory; on NumPy the
-                 arrays already live in host memory, so there is nothing to
-                 offload to and "offload" is "save".
-
-Megatron-LM's selective recomputation (Korthikanti et al. 2022) chooses
-whole modules, not ops: in Megatron Core 0.11 (core_v0.11.0,
-megatron/core/transformer/transformer_config.py) `recompute_granularity=
-"selective"` recomputes the core attention module; from Megatron Core 0.12
-(core_v0.12.0) it recomputes the modules listed in `recompute_modules`, by
-default `["core_attn"]` ("layernorm", "mlp", "moe_act", ... among the
-others). `selective_attention` below is the op-level counterpart of the
-default, recomputing the LayerNorms and GELU too; tutorial 5 compares them.
+                 arrays already live in host memory, so "offload" is "save".
 
 A policy is any callable op name -> decision, for example
 
@@ -40,7 +32,8 @@ put most of their activation memory. `SaveOnly(*names)` builds more.
 Wherever a policy is taken, a ready-made one may also be given by its name
 ("selective_attention"): see `resolve`.
 
-How it works, through the `Tape.run(op, ctx, arrays, options)` seam:
+How it works, through the `Tape.run(op, ctx, arrays, options)` seam (a
+policy takes the planned path, recompute.py, even with early_stop=False):
   forward   the segment runs on recompute.SegmentTape, which asks `decide`
             about each op. A kept op's outputs and saved arrays go into the
             `Stash`: an array that is one of the op's inputs is not kept but
@@ -50,8 +43,7 @@ How it works, through the `Tape.run(op, ctx, arrays, options)` seam:
             freed after backward.
   backward  recompute.RecomputeTape replays a kept op (`_Kept.replay`): its
             outputs and saved arrays come from the stash, and it is not run.
-            So "save_matmuls" never recomputes a matmul. A checkpoint nested
-            inside the segment is never kept: it runs again.
+            A checkpoint nested inside the segment is never kept: it runs again.
 
 What does not live here: checkpointing itself (checkpoint.py), what the
 recompute runs and skips (recompute.py).
@@ -147,7 +139,7 @@ class Stash:
     def keep(self, a, offload):
         """A reference to array `a` that the replay can resolve."""
         if offload and backend.device_of(a) != "cpu":
-            packed, counted = function.pack_saved(_OFFLOAD.pack_hook, Tensor(a, device=backend.device_of(a)))
+            packed, _ = function.pack_saved(_OFFLOAD.pack_hook, Tensor(a, device=backend.device_of(a)))
             return ("packed", packed)
         for k, b in enumerate(self.arrays):
             if b is a:

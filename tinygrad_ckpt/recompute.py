@@ -1,11 +1,14 @@
-"""What a checkpointed segment runs again in backward, and what it skips.
+"""The planned recompute (the default): run again only what backward needs, and stop early.
 
-A checkpointed segment keeps only its inputs (checkpoint.py). Its backward
-needs, for every op whose gradient runs, what that op saved. Most of it need
-not be computed again: the arrays an op saved that are its inputs exist as
-soon as whatever made those inputs has run, and an op whose result nothing
-needs need not run at all. So the recompute runs only what backward needs,
-in three steps:
+What it adds to the plain path (checkpoint.py, which runs the whole
+segment again): early stop, PyTorch's (the recompute stops as soon as
+backward has everything it needs), and more: an op whose arrays exist
+already is not run but its record rebuilt, and an op whose result nothing
+needs is skipped. It is the default (`early_stop=True`), and a policy's
+kept ops (policies.py) are replayed through it. Cost: one note per op of
+the forward (a few small tuples, no arrays). It gives the plain path's
+gradients, to the bit (tests/test_equivalence.py).
+Tutorial 5 shows it at work. In three steps:
 
   forward   the segment runs on a `SegmentTape`, which keeps nothing but a
             note per op (`OpNote`): where each input array came from (an
@@ -39,11 +42,9 @@ and feed them into an op that does run. Reading them through a Tensor raises
 tape.PlaceholderRead, and the checkpoint then recomputes the segment in
 full (`full_plan`); writing through `.data` is unchecked, as everywhere.
 
-The determinism check ("default", as PyTorch's): the recompute must call the
-same ops in the same order as the forward, and each op it reaches must see
-inputs, and save arrays, of the same shapes and dtypes. A mismatch is a
-CheckpointError naming the op; with debug=True it shows both op sequences
-side by side.
+The determinism check (determinism.py) holds up to the stop: each op the
+recompute reaches must be the forward's, on inputs and saving arrays of the
+same shapes and dtypes; what comes after the stop is neither run nor checked.
 
 What does not live here: checkpointing itself and its record (checkpoint.py),
 what a policy keeps (policies.py), the walk (tape.py).

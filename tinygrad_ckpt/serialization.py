@@ -26,7 +26,7 @@ checks it before returning anything: the zip's CRC-32 of each entry, each
 huge array fails before any memory is asked for), each array's dtype and
 shape against the metadata, and the metadata's every field and type. Any
 damage (a truncated file, a flipped byte anywhere, a plain `.npy`, another
-zip, metadata of the wrong type) raises one exception, CheckpointError,
+zip, metadata of the wrong type) raises one exception, CheckpointFileError,
 naming the file and what is wrong. `restore` then checks that everything
 fits the model and the optimizer (names, shapes, dtypes, hyperparameters)
 before it copies anything, so a failed restore changes nothing.
@@ -64,7 +64,7 @@ VERSION = 2  # 2: __meta__ lists every array's dtype and shape; version 1 files 
 MAX_HEADER_BYTES = 10_000  # a longer .npy header is damage (NumPy's own limit for untrusted files)
 
 
-class CheckpointError(ValueError):
+class CheckpointFileError(ValueError):
     """A checkpoint file is damaged, not a checkpoint, or does not fit what it is loaded into.
 
     The message names the file and what is wrong.
@@ -227,7 +227,7 @@ def load(path):
     """Read and verify a checkpoint: {"model": state_dict or None, "optimizer": state or None, "extra": dict}.
 
     Every entry is read in full and checked (see the module docstring)
-    before anything is returned. Raises CheckpointError (a ValueError) naming
+    before anything is returned. Raises CheckpointFileError (a ValueError) naming
     the file and what is wrong if it is damaged or not a checkpoint;
     FileNotFoundError if it does not exist. Nothing is ever unpickled.
     """
@@ -254,7 +254,7 @@ def read_extra(path):
     """The `extra` dict of a checkpoint, reading only its metadata (not its arrays): to sort many files quickly.
 
     Checks the metadata entry's CRC-32 and that it is a JSON object with a
-    dict `extra`; CheckpointError if not. Use load() for a file you will use.
+    dict `extra`; CheckpointFileError if not. Use load() for a file you will use.
     """
     path = os.fspath(path)
     try:
@@ -264,9 +264,9 @@ def read_extra(path):
     except (PermissionError, IsADirectoryError, FileNotFoundError):
         raise
     except Exception as e:  # damage, as in _read_entries
-        raise CheckpointError(f"{path!r} is corrupt or not a checkpoint ({type(e).__name__}: {e})") from None
+        raise CheckpointFileError(f"{path!r} is corrupt or not a checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("extra"), dict):
-        raise CheckpointError(f"{path!r} is corrupt or not a checkpoint: its metadata holds no 'extra' dict")
+        raise CheckpointFileError(f"{path!r} is corrupt or not a checkpoint: its metadata holds no 'extra' dict")
     return meta["extra"]
 
 
@@ -279,19 +279,19 @@ def _read_entries(path):
             for info in archive.infolist():
                 name = info.filename
                 if not name.endswith(".npy"):
-                    raise CheckpointError(f"{path!r} is corrupt or not a checkpoint: it holds {name!r}, which is not "
+                    raise CheckpointFileError(f"{path!r} is corrupt or not a checkpoint: it holds {name!r}, which is not "
                                           "a .npy array; use an earlier checkpoint")
                 if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
-                    raise CheckpointError(
+                    raise CheckpointFileError(
                         f"{path!r} is corrupt or not a checkpoint: entry {name!r} declares "
                         f"{info.file_size:,} bytes{' compressed' if info.compress_type else ''} in a file of "
                         f"{size:,} (checkpoints store their arrays uncompressed); use an earlier checkpoint"
                     )
                 key = name[: -len(".npy")]
                 if key in entries:
-                    raise CheckpointError(f"{path!r} is corrupt: it holds the entry {name!r} twice")
+                    raise CheckpointFileError(f"{path!r} is corrupt: it holds the entry {name!r} twice")
                 entries[key] = _parse_npy(archive.read(info), key, path)  # read() checks the CRC-32
-    except CheckpointError:
+    except CheckpointFileError:
         raise
     except (PermissionError, IsADirectoryError):
         raise  # not damage: the file cannot be opened at all
@@ -299,7 +299,7 @@ def _read_entries(path):
         # Damaged bytes fail inside zipfile, struct, zlib or NumPy's header parser in many ways
         # (BadZipFile, EOFError, struct.error, ValueError, NotImplementedError, RuntimeError for a
         # flipped "encrypted" flag, MemoryError, ...): every one of them means the same thing here.
-        raise CheckpointError(
+        raise CheckpointFileError(
             f"{path!r} is corrupt or truncated and cannot be read ({type(e).__name__}: {e}); "
             "use an earlier checkpoint"
         ) from None
@@ -315,13 +315,13 @@ def _parse_npy(data, key, path):
     elif version == (2, 0):
         shape, fortran_order, dtype = numpy.lib.format.read_array_header_2_0(stream, max_header_size=MAX_HEADER_BYTES)
     else:
-        raise CheckpointError(f"{path!r}: entry {key!r} is a .npy file of version {version}, which checkpoints never use")
+        raise CheckpointFileError(f"{path!r}: entry {key!r} is a .npy file of version {version}, which checkpoints never use")
     if dtype.hasobject:
-        raise CheckpointError(f"{path!r}: entry {key!r} holds Python objects; a checkpoint is never unpickled")
+        raise CheckpointFileError(f"{path!r}: entry {key!r} holds Python objects; a checkpoint is never unpickled")
     declared = math.prod(shape) * dtype.itemsize  # Python ints: no overflow, however large the header says
     held = len(data) - stream.tell()
     if declared != held:
-        raise CheckpointError(
+        raise CheckpointFileError(
             f"{path!r} is corrupt: entry {key!r} declares shape {shape} of {dtype} ({declared:,} bytes) "
             f"but holds {held:,} bytes; use an earlier checkpoint"
         )
@@ -333,22 +333,22 @@ def _read_meta(entries, path):
     """The __meta__ entry, parsed and checked field by field against the entries."""
     def expect(condition, what):
         if not condition:
-            raise CheckpointError(f"{path!r} is corrupt or not a checkpoint of this format: {what}")
+            raise CheckpointFileError(f"{path!r} is corrupt or not a checkpoint of this format: {what}")
 
     if "__meta__" not in entries:
-        raise CheckpointError(f"{path!r} is an .npz file but not a tinygrad_ckpt checkpoint (it has no __meta__ entry)")
+        raise CheckpointFileError(f"{path!r} is an .npz file but not a tinygrad_ckpt checkpoint (it has no __meta__ entry)")
     raw = entries["__meta__"]
     expect(raw.dtype.kind == "U" and raw.shape == (), "__meta__ is not a JSON string")
     try:
         meta = json.loads(str(raw))
     except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{path!r} is corrupt: its __meta__ entry is not valid JSON ({e})") from None
+        raise CheckpointFileError(f"{path!r} is corrupt: its __meta__ entry is not valid JSON ({e})") from None
     expect(isinstance(meta, dict), "__meta__ is not a JSON object")
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path!r} is not a tinygrad_ckpt checkpoint (format {meta.get('format')!r})")
+        raise CheckpointFileError(f"{path!r} is not a tinygrad_ckpt checkpoint (format {meta.get('format')!r})")
     version = meta.get("version")
     if not _is_int(version) or not 1 <= version <= VERSION:
-        raise CheckpointError(f"{path!r} is a checkpoint of format version {version!r}; this version of "
+        raise CheckpointFileError(f"{path!r} is a checkpoint of format version {version!r}; this version of "
                               f"tinygrad_ckpt reads versions 1 to {VERSION} (a newer tinygrad_ckpt wrote it?)")
     names = {"__meta__"}  # every entry the metadata accounts for
     if "model" in meta:
@@ -411,17 +411,17 @@ def restore(source, model=None, optimizer=None, strict=True):
     unchanged: a model that does not match raises LoadStateDictError
     listing the missing, unexpected and wrongly shaped entries; an array
     of another dtype than the model's or the optimizer's, or an optimizer
-    state that does not fit, raises CheckpointError.
+    state that does not fit, raises CheckpointFileError.
     """
     checkpoint = source if isinstance(source, dict) else load(source)
     path = repr(os.fspath(source)) if not isinstance(source, dict) else "the checkpoint"
     if model is not None:
         if checkpoint["model"] is None:
-            raise CheckpointError(f"{path} holds no model state")
+            raise CheckpointFileError(f"{path} holds no model state")
         _check_model_fits(checkpoint["model"], model, strict, path)
     if optimizer is not None:
         if checkpoint["optimizer"] is None:
-            raise CheckpointError(f"{path} holds no optimizer state")
+            raise CheckpointFileError(f"{path} holds no optimizer state")
         _check_optimizer_fits(checkpoint["optimizer"], optimizer, path)
     with no_grad():  # writing into parameters: a copy, not an op to differentiate
         if model is not None:
@@ -441,7 +441,7 @@ def _check_model_fits(state, model, strict, path):
         raise LoadStateDictError(f"{type(model).__name__} from {path}", missing, unexpected, mismatched)
     for name, t in own.items():
         if name in state and state[name].dtype != t.dtype:
-            raise CheckpointError(
+            raise CheckpointFileError(
                 f"{path}: model entry {name!r} is {state[name].dtype}, the model's is {t.dtype}; "
                 "build the model with the dtype it was saved in"
             )
@@ -450,12 +450,12 @@ def _check_model_fits(state, model, strict, path):
 def _check_optimizer_fits(state, optimizer, path):
     name = type(optimizer).__name__
     if state["type"] != name:
-        raise CheckpointError(f"{path} holds a {state['type']} state, not a {name} state")
+        raise CheckpointFileError(f"{path} holds a {state['type']} state, not a {name} state")
     if set(state["hyper"]) != set(optimizer.hyper_names):
-        raise CheckpointError(f"{path}: the {name} hyperparameters are {sorted(state['hyper'])}, "
+        raise CheckpointFileError(f"{path}: the {name} hyperparameters are {sorted(state['hyper'])}, "
                               f"expected {sorted(optimizer.hyper_names)}")
     if len(state["steps"]) != len(optimizer.params) or set(state["state"]) != set(optimizer.state_names):
-        raise CheckpointError(
+        raise CheckpointFileError(
             f"{path}: the {name} state does not fit this optimizer: it has {len(state['steps'])} parameters and "
             f"state {sorted(state['state'])}, this one has {len(optimizer.params)} parameters and state "
             f"{sorted(optimizer.state_names)}"
@@ -463,11 +463,11 @@ def _check_optimizer_fits(state, optimizer, path):
     for key in optimizer.state_names:
         ours = getattr(optimizer, key)
         if len(state["state"][key]) != len(ours):
-            raise CheckpointError(f"{path}: the {name} state {key!r} has {len(state['state'][key])} arrays, "
+            raise CheckpointFileError(f"{path}: the {name} state {key!r} has {len(state['state'][key])} arrays, "
                                   f"this optimizer has {len(ours)}")
         for i, (saved, own) in enumerate(zip(state["state"][key], ours)):
             if tuple(saved.shape) != tuple(own.shape) or saved.dtype != own.dtype:
-                raise CheckpointError(
+                raise CheckpointFileError(
                     f"{path}: the {name} state {key}[{i}] is {saved.dtype} {tuple(saved.shape)}, this "
                     f"optimizer's is {own.dtype} {tuple(own.shape)}"
                 )

@@ -1342,19 +1342,19 @@ def walk_step(config, batch_size, seq_len, itemsize=4, segments=None, policy=Non
         _walk.runs = []
 
 
-def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, acc_f):
+def _train_step(config, batch, seq_len, itemsize, bounds, policy, split_blocks, optimizer_bytes, accumulation_itemsize):
     ledger = _walk.ledger
-    model = _Model(config, B, T, f, bounds, policy, split_blocks)
+    model = _Model(config, batch, seq_len, itemsize, bounds, policy, split_blocks)
     params = [model.p[name] for name, _ in model.params]
-    elements = sum(p.nbytes for p in params) // f
+    elements = sum(p.nbytes for p in params) // itemsize
     # What lives before the step: the parameters, the optimizer's state (AdamW: exp_avg and
     # exp_avg_sq, each parameter-sized), the GradientAccumulator's buffers (always there in the
     # Trainer). Never freed, never recategorised: counted in bulk.
-    ledger.current["parameters"] += elements * f
+    ledger.current["parameters"] += elements * itemsize
     ledger.current["optimizer"] += elements * optimizer_bytes
-    ledger.current["accumulation"] += elements * acc_f
+    ledger.current["accumulation"] += elements * accumulation_itemsize
     if _walk.device == "cpu":
-        ledger.constant = INT64 * B * T  # the batch's labels (host memory, never a Tensor)
+        ledger.constant = INT64 * batch * seq_len  # the batch's labels (host memory, never a Tensor)
     ledger.reset_peak()
     ledger.highest = dict(ledger.current)
     ledger.device_peak = ledger.total() + ledger.constant
@@ -1362,10 +1362,10 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
     ledger.point(start)
 
     # Trainer.compute_loss: logits = model(input_ids); cross_entropy(logits, labels, reduction="sum")
-    input_ids = _Array(INT64 * B * T)  # the batch, made by collate on the host
+    input_ids = _Array(INT64 * batch * seq_len)  # the batch, made by collate on the host
     loss = _compute_loss(model, input_ids)
     # loss.backward(): the seed gradient is ones of the loss's shape
-    seed = _Array(f)
+    seed = _Array(itemsize)
     _walk.tapes[0].backward([loss], [seed])
     seed = loss = None  # backward returns (its argument list goes), then `del loss`
     # GradientAccumulator.accumulate: buffer += p.grad; p.grad = None
@@ -1379,8 +1379,8 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
     # cast copy: Tensor(grad) ("other", checked), then counted as gradients. The totals only rise,
     # so the highest check is the last parameter's; "other" is highest at the largest parameter.
     largest = max(p.nbytes for p in params)
-    if acc_f != f:
-        ledger.scratch(largest // f * (acc_f + f))  # (buffer / items), then its cast copy
+    if accumulation_itemsize != itemsize:
+        ledger.scratch(largest // itemsize * (accumulation_itemsize + itemsize))  # (buffer / items), then its cast copy
         sizes = [p.nbytes for p in params]
         last, largest = len(sizes) - 1, max(range(len(sizes) - 1), key=sizes.__getitem__, default=None)
         rest = _Array(sum(sizes) - sizes[last] - (sizes[largest] if largest is not None else 0))
@@ -1393,7 +1393,7 @@ def _train_step(config, B, T, f, bounds, policy, split_blocks, optimizer_bytes, 
     # optimizer.step(): AdamW holds sqrt(v), m / sqrt(v) and its scaled copy for one parameter at a
     # time; SGD the scaled gradient
     ledger.scratch((3 if optimizer_bytes else 1) * largest)
-    if acc_f != f:
+    if accumulation_itemsize != itemsize:
         grads = rest = None  # zero_grad
     input_ids = None  # the batch goes when the next one is made (or train() returns)
     return StepMemory(ledger.peak_total, dict(ledger.peak), dict(ledger.highest), start, ledger.device_peak,

@@ -79,7 +79,7 @@ from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
 from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
-from .serialization import CheckpointError
+from .serialization import CheckpointFileError
 from .tape import no_grad
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -350,14 +350,14 @@ def verify_checkpoint(path):
     On top of serialization.load's checks (every byte, every array's dtype
     and shape, the metadata's types): it holds a model, an optimizer, the
     Trainer's state of the right types, and only finite parameters and
-    optimizer state. Any problem raises CheckpointError naming the file.
+    optimizer state. Any problem raises CheckpointFileError naming the file.
     """
     checkpoint = serialization.load(path)
     where = repr(str(path))
 
     def expect(condition, what):
         if not condition:
-            raise CheckpointError(f"{where} is not a resumable Trainer checkpoint: {what}")
+            raise CheckpointFileError(f"{where} is not a resumable Trainer checkpoint: {what}")
 
     def count(value):
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -390,7 +390,7 @@ def verify_checkpoint(path):
                for i, a in enumerate(values)]
     for name, array in arrays:
         if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
-            raise CheckpointError(f"{where} holds non-finite values (NaN or inf) in {name}; it cannot be resumed from")
+            raise CheckpointFileError(f"{where} holds non-finite values (NaN or inf) in {name}; it cannot be resumed from")
     for name, value in checkpoint["optimizer"]["hyper"].items():
         holds, requirement = HYPER_RANGES.get(name, (lambda v: True, "a finite number"))
         values = value if isinstance(value, list) else [value]
@@ -866,7 +866,7 @@ class Trainer:
     def _load_checkpoint(self, where):
         """Restore the newest checkpoint that verifies (of `where`: True, a directory or a file).
 
-        A damaged checkpoint (CheckpointError) is skipped for the next older
+        A damaged checkpoint (CheckpointFileError) is skipped for the next older
         one, and said so; one written by another model, tokenizer, batch
         layout or number of processes is an error, since every checkpoint of
         the directory comes from the same run. Everything is checked before
@@ -892,7 +892,7 @@ class Trainer:
         for path in candidates:
             try:
                 checkpoint = verify_checkpoint(path)
-            except CheckpointError as e:
+            except CheckpointFileError as e:
                 if len(candidates) == 1:
                     raise
                 self.skipped_checkpoints.append((path, str(e)))
@@ -905,7 +905,7 @@ class Trainer:
             if self.is_main_process and self.skipped_checkpoints:
                 print(f"resume: continuing from {path} (optimizer step {self.state.global_step})", file=sys.stderr)
             return path
-        raise CheckpointError(f"no checkpoint in {str(where)!r} can be resumed from: all {len(candidates)} are damaged "
+        raise CheckpointFileError(f"no checkpoint in {str(where)!r} can be resumed from: all {len(candidates)} are damaged "
                               f"(the newest: {self.skipped_checkpoints[0][1]})")
 
     def _check_output_dir_is_this_run(self, run_id, source):
@@ -970,7 +970,7 @@ class Trainer:
             try:  # on a throwaway generator first: nothing is restored unless all of it can be
                 type(g.bit_generator)().state = saved
             except (TypeError, ValueError, KeyError) as e:
-                raise CheckpointError(f"{where} holds a random generator state that does not fit "
+                raise CheckpointFileError(f"{where} holds a random generator state that does not fit "
                                       f"{type(g.bit_generator).__name__} ({type(e).__name__}: {e})") from None
         serialization.restore(checkpoint, model=self.model, optimizer=self.optimizer)  # checks, then copies
         self.state, self.run_id = TrainerState(**extra["trainer_state"]), extra.get("run_id")
@@ -1034,7 +1034,7 @@ def _checkpoint_runs(paths):
     for path in paths:
         try:
             run_id = serialization.read_extra(path).get("run_id")
-        except (CheckpointError, OSError):
+        except (CheckpointFileError, OSError):
             continue  # the resume's own checks say what is wrong with it, if it is ever read
         runs.setdefault(run_id, []).append(path)
     return runs
