@@ -6,7 +6,9 @@ produced them, or the leaf tensors), its outputs and the arrays it saved for
 backward. `loss.backward()` walks that list from the end, hands
 each record the gradient of its outputs, and adds the gradients it returns
 into its inputs (added, never assigned: a tensor used twice gets both).
-Each record drops its saved arrays as soon as its backward has run.
+Each record drops its saved arrays as soon as its backward has run; a
+second backward through it is refused, unless it saved nothing (as in
+PyTorch: `c = b + 1` may be backpropagated twice).
 
     >>> from tinygrad_ckpt import Tensor
     >>> with recording(Tape()) as tape:
@@ -35,7 +37,9 @@ Where leaf gradients go is decided by the backward call, not by the walk:
 one call (`backward()`, `backward(inputs=[...])`, `autograd.grad(...)`) is
 a `GradientTask`, and every walk it starts, a checkpoint's inner walk
 included, delivers leaf gradients by its rules: into every leaf's .grad,
-into the named inputs' only, or into a dict that grad() returns.
+into the named inputs' only, or into a dict that grad() returns. A call for
+some inputs first prunes the graph, as PyTorch does: a record that cannot
+reach them does not run.
 
 Gradient hooks (`Tensor.register_hook`): a computed tensor's hooks live on
 its record, per output, so they outlive the tensor, as PyTorch's do on its
