@@ -63,3 +63,37 @@ def test_every_install_instruction_works_from_the_clone():
         assert not re.search(r"pip install ['\"]?tinygrad[-_]ckpt", text), name
         for extra in re.findall(r"pip install -e ['\"]?\.\[([\w,-]+)\]", text):
             assert set(extra.split(",")) <= extras, (name, extra)
+
+
+def test_the_readme_is_a_front_door():
+    """What it is, set up, the four commands, the map, where next: about 250 lines at most (STYLE.md, 16)."""
+    lines = len(README.read_text().splitlines())
+    print(f"README.md: {lines} lines")
+    assert lines <= 250, f"README.md has {lines} lines; methods and results belong in benchmarks/README.md, " \
+                         "testing in tests/README.md, the teaching in the tutorials"
+
+
+# -- the figures the text shows are what the commands print --------------------------------
+GPT_WITH_BOTH = ROOT / "tutorials" / "06_gpt_with_both.md"
+
+
+def _train_peak(capsys, *flags):
+    """Run `tinygrad-ckpt train --max-steps 2 ...`: the loss and the peak its step-2 log line prints."""
+    from tinygrad_ckpt import cli
+
+    assert cli.main(["train", "--max-steps", "2", "--sample-chars", "0", *flags]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step 2/2 | epoch")][0]
+    return re.search(r"loss (\S+)", line).group(1), re.search(r"peak (\S+ MiB)", line).group(1)
+
+
+def test_the_peak_memory_table_is_what_train_prints(capsys):
+    """Tutorial 6's table of `train --max-steps 2` peaks, by split of the batch, with and without checkpointing."""
+    text = GPT_WITH_BOTH.read_text()
+    rows = re.findall(r"^\| (\d+) × (\d+)(?: \(the default\))? \| ([\d.]+ MiB) \| ([\d.]+ MiB)? ?\|$", text, flags=re.M)
+    assert len(rows) == 5, rows
+    assert "the loss at step 2 is 4.0090 in every row below" in text
+    for batch, steps, plain, checkpointed in rows:
+        flags = ["--per-device-train-batch-size", batch, "--gradient-accumulation-steps", steps]
+        assert _train_peak(capsys, *flags) == ("4.0090", plain), (batch, steps)
+        if checkpointed:
+            assert _train_peak(capsys, *flags, "--gradient-checkpointing") == ("4.0090", checkpointed), (batch, steps)
