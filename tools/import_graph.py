@@ -9,7 +9,7 @@ module or subpackage of tinygrad_ckpt is a box on its floor; an arrow goes
 from a module to each one it imports, gray when it goes down, red and
 dashed for the imports the contract lets go up, all function-local (the
 tensor <-> ops cycle, and memory.Timeline's .plot() and .to_html(), which
-draw with the instruments). The README shows the picture.
+draw with the instruments). The README links the picture.
 """
 
 import re
