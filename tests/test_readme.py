@@ -97,3 +97,35 @@ def test_the_peak_memory_table_is_what_train_prints(capsys):
         assert _train_peak(capsys, *flags) == ("4.0090", plain), (batch, steps)
         if checkpointed:
             assert _train_peak(capsys, *flags, "--gradient-checkpointing") == ("4.0090", checkpointed), (batch, steps)
+
+
+def _console_blocks():
+    return re.findall(r"```console\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def _shown(block):
+    return [line.rstrip() for line in block.splitlines() if line.strip() and line.strip() != "..."]
+
+
+def test_the_train_excerpt_is_what_train_prints(capsys):
+    """The README's excerpt of `tinygrad-ckpt train --max-steps 2`: every line but the speed, as printed."""
+    from tinygrad_ckpt import cli
+
+    assert "`tinygrad-ckpt train --max-steps 2`" in README.read_text()
+    assert cli.main(["train", "--max-steps", "2", "--sample-chars", "0"]) == 0
+    speed = re.compile(r"\d+ tok/s")
+    printed = {speed.sub("N tok/s", line.rstrip()) for line in capsys.readouterr().out.splitlines()}
+    for line in _shown(_console_blocks()[0]):
+        assert speed.sub("N tok/s", line) in printed, line
+
+
+def test_the_fit_excerpt_is_what_fit_prints(capsys):
+    """The README's excerpt of `tinygrad-ckpt fit --model gpt2-large --memory t4 --effective-batch-size 32`."""
+    from tinygrad_ckpt import cli
+
+    command = "tinygrad-ckpt fit --model gpt2-large\n--memory t4 --effective-batch-size 32"
+    assert command in README.read_text()
+    assert cli.main(command.split()[1:]) == 0
+    printed = {line.rstrip() for line in capsys.readouterr().out.splitlines()}
+    for line in _shown(_console_blocks()[2]):
+        assert line in printed, line
