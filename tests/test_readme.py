@@ -129,3 +129,20 @@ def test_the_fit_excerpt_is_what_fit_prints(capsys):
     printed = {line.rstrip() for line in capsys.readouterr().out.splitlines()}
     for line in _shown(_console_blocks()[2]):
         assert line in printed, line
+
+
+def test_the_size_the_readme_states():
+    """'the engine is about N lines ..., checkpointing about M, accumulation K': lines of the files, docstrings in."""
+    package = ROOT / "tinygrad_ckpt"
+    parts = {
+        "the engine is about": ["tensor.py", "function.py", "tape.py", "versions.py", "anomaly.py", "autograd.py",
+                                "backend.py", "memory.py", "functional.py", *[f"ops/{p.name}" for p in (package / "ops").glob("*.py")]],
+        "checkpointing about": ["checkpoint.py", "recompute.py", "determinism.py", "policies.py", "schedules.py"],
+        "accumulation": ["accumulate.py"],
+    }
+    text = " ".join(README.read_text().split())
+    for words, files in parts.items():
+        stated = int(re.search(re.escape(words) + r" ([\d,]+)", text).group(1).replace(",", ""))
+        lines = sum(len((package / name).read_text().splitlines()) for name in files)
+        print(f"{words}: {lines} lines (the README says {stated})")
+        assert abs(lines - stated) <= 0.1 * stated, (words, lines, stated)
