@@ -146,3 +146,45 @@ def test_the_size_the_readme_states():
         lines = sum(len((package / name).read_text().splitlines()) for name in files)
         print(f"{words}: {lines} lines (the README says {stated})")
         assert abs(lines - stated) <= 0.1 * stated, (words, lines, stated)
+
+
+# -- benchmarks/README.md: the table `tinygrad-ckpt fit` computes for GPT-2 on five GPUs ---------
+BENCHMARKS = ROOT / "benchmarks" / "README.md"
+FIT_MODELS = {"GPT-2 (124M)": "gpt2", "GPT-2 medium (355M)": "gpt2-medium", "GPT-2 large (774M)": "gpt2-large",
+              "GPT-2 XL (1.6B)": "gpt2-xl"}
+FIT_GPUS = ["t4", "a10", "a100-40gb", "a100-80gb", "h200"]
+VERDICTS = {"nothing": "no technique needed", "accumulation": "gradient accumulation",
+            "both": "gradient accumulation and checkpointing"}
+
+
+def _fit_cell(model, gpu):
+    """A cell as benchmarks/README.md writes it, from fit.plan_training."""
+    from tinygrad_ckpt.fit import plan_training
+
+    plan = plan_training(model, effective_batch_size=32, device_memory=gpu)
+    rec = plan.recommendation
+    if rec.training_arguments is None:
+        return f"does not fit: {rec.shortfall_bytes / 2**30:.1f} GiB short"
+    largest = {}
+    for line in str(plan).splitlines():
+        for name in ("no checkpointing", "every block"):
+            if re.match(re.escape(name) + r"\s{2,}", line):
+                value = line[len(name):].split()[0]
+                largest[name] = 0 if value == "none" else int(value)
+    args = rec.training_arguments  # as it prints: "TrainingArguments(per_device_train_batch_size=4, ...)"
+    micro = int(re.search(r"per_device_train_batch_size=(\d+)", args).group(1))
+    steps = re.search(r"gradient_accumulation_steps=(\d+)", args)
+    word = {v: k for k, v in VERDICTS.items()}[rec.verdict]
+    if word == "both":
+        policy = re.search(r"'policy': '([a-z]+)_", args).group(1)  # 'selective_attention': "selective policy"
+        word = f"both ({policy} policy)"
+    return (f"{word}, {micro} x {int(steps.group(1)) if steps else 1} "
+            f"(at most {largest['no checkpointing']} / {largest['every block']})")
+
+
+def test_the_fit_table_is_what_fit_computes():
+    rows = [line for line in BENCHMARKS.read_text().splitlines() if line.startswith("| GPT-2")]
+    assert [r.split(" | ")[0][2:] for r in rows] == list(FIT_MODELS), rows
+    for row in rows:
+        name, *cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells == [_fit_cell(FIT_MODELS[name], gpu) for gpu in FIT_GPUS], name
