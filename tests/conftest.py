@@ -1,6 +1,6 @@
 """Shared test setup: hypothesis profiles, the `equivalence` marker, every engine test on every backend.
 
-The profiles (HYPOTHESIS_PROFILE=ci|dev|thorough; the README's table of
+The profiles (HYPOTHESIS_PROFILE=ci|dev|thorough; tests/README.md's table of
 them says when to use which): `ci`, the default, is derandomized and
 small, so a run is repeatable and fast; `dev` and `thorough` draw fresh
 random examples, about 13 and 200 times as many. A test that pins its own

@@ -265,9 +265,9 @@ def test_ours_checkpoints_every_segment_including_the_last():
     assert [layer.calls for layer in layers] == [2, 2, 2, 2]
 
 
-# -- the caching allocator, as allocator.py and the README quote it ------------------------
+# -- the caching allocator, as allocator.py and benchmarks/README.md quote it ------------------------
 def test_torch_describes_reserved_memory_and_empty_cache_as_quoted(torch):
-    """The two phrases the README and allocator.py quote from torch/cuda/memory.py (no GPU needed: docstrings)."""
+    """The two phrases benchmarks/README.md and allocator.py quote from torch/cuda/memory.py (no GPU needed: docstrings)."""
     def words(text):
         return " ".join(text.replace("`", "").split())
 

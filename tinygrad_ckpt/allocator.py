@@ -17,7 +17,7 @@ freed, the top of the heap goes back, and the next forward writes to pages
 the kernel must find and zero again: one minor page fault per 4 KiB. On the
 GPT workload (W2), alone in a fresh process, that was about 20,000 faults
 a step and 7 to 24 % of its time; on `tinygrad-ckpt train`'s default run,
-27 % (the README's "The allocator"; `tinygrad-ckpt bench --profile` prints
+27 % (benchmarks/README.md, "The allocator"; `tinygrad-ckpt bench --profile` prints
 the count).
 
 `keep_freed_memory()` sets both thresholds once (mallopt), so the heap keeps

@@ -8,7 +8,7 @@ builder import-linter uses: nothing in the picture is drawn by hand. Each
 module or subpackage of tinygrad_ckpt is a box on its floor; an arrow goes
 from a module to each one it imports, gray when it goes down, red and
 dashed for the imports the contract lets go up, all function-local (the
-tensor <-> ops cycle, the only one). The README shows the picture.
+tensor <-> ops cycle, the only one). The README links the picture.
 """
 
 import re
