@@ -328,28 +328,28 @@ def pack_saved(pack_hook, t):
 
     Run under no_grad. Whoever keeps the packed form releases those arrays' holds when done.
     """
-    depth = len(_saved_hooks)
-    try:
-        with tape.no_grad():
-            packed = pack_hook(t)
-    finally:
-        del _saved_hooks[depth:]  # hooks the hook pushed and left are not ours to keep
+    packed = _run_hook(pack_hook, t)
     counted = [held.data for held in _tensors_in(packed) if held.device == t.device]
     for a in counted:
         memory.track(a, "activations")
     return packed, counted
 
 
+def _run_hook(hook, value):
+    """hook(value), under no_grad. Saved-tensor hooks the hook pushed and left are dropped after it."""
+    depth = len(_saved_hooks)
+    try:
+        with tape.no_grad():
+            return hook(value)
+    finally:
+        del _saved_hooks[depth:]
+
+
 def unpack_saved(unpack_hook, packed, op="an op"):
     """unpack_hook(packed), under no_grad: the array for backward."""
     from .tensor import Tensor  # imported here: tensor.py imports this module
 
-    depth = len(_saved_hooks)
-    try:
-        with tape.no_grad():
-            t = unpack_hook(packed)
-    finally:
-        del _saved_hooks[depth:]  # hooks the hook pushed and left are not ours to keep
+    t = _run_hook(unpack_hook, packed)
     if not isinstance(t, Tensor):
         raise TypeError(f"saved_tensors_hooks: the unpack hook returned a {type(t).__name__} for an array {op} "
                         "saved; it must return a Tensor")
