@@ -8,9 +8,8 @@ meaning: it returns d(outputs)/d(inputs) and adds nothing to any `.grad`
 (`Tensor.backward(inputs=[...])` is its in-place twin: only those tensors
 accumulate). Both see through checkpointed segments: a segment's recompute
 delivers its parameters' gradients by the rules of the call that runs it
-(tape.GradientTask). PyTorch 2.13's reentrant checkpoint refuses grad() ("is
-incompatible with .grad()", torch/utils/checkpoint.py); its non-reentrant one
-allows it, as this engine's does. Not supported: `create_graph=True`
+(tape.GradientTask), as with PyTorch's non-reentrant checkpoint. Not
+supported: `create_graph=True`
 (gradients of gradients). Backward here is a walk over raw arrays, not a
 recorded computation, so that every byte it saves stays visible; asking for
 it is an error that says so.
@@ -19,14 +18,13 @@ it is an error that says so.
         loss = model(x)
     loss.backward()                             # ... and comes back through unpack
 
-`saved_tensors_hooks(pack_hook, unpack_hook)` and `save_on_cpu()` are
-PyTorch's (torch.autograd.graph in torch 2.13): the choke point is
+`saved_tensors_hooks(pack_hook, unpack_hook)` and `save_on_cpu()` have
+PyTorch's names and meaning (torch.autograd.graph): the choke point is
 `Context.save_for_backward` (function.py explains what pack receives and how
 memory is counted). `save_on_cpu()` packs each saved array into host memory
 and unpacks it onto its device for backward; on NumPy the arrays are already
-in host memory, so it keeps them as they are (PyTorch's `.cpu()` of a CPU
-tensor is no copy either). Tutorial 5 builds PyTorch's non-reentrant
-checkpoint from saved_tensors_hooks.
+in host memory, so it keeps them as they are. Tutorial 5 builds PyTorch's
+non-reentrant checkpoint from saved_tensors_hooks.
 
     with tinygrad_ckpt.autograd.detect_anomaly():
         loss = model(x, y)          # every op's outputs are checked for NaN and inf
@@ -40,18 +38,17 @@ user code that created the record, then the whole forward call that did. A
 checkpointed segment's recompute is a forward too, and is checked the same
 way. An in-place change caught by backward names that line as well.
 
-PyTorch 2.13's `torch.autograd.detect_anomaly` (torch/autograd/anomaly_mode.py)
-records each forward op's traceback and checks what backward computes for NaN
-only; this one checks forward outputs too, and infinities. An infinity that
-reaches an op through an input (a -inf attention mask filled in by
-masked_fill) is taken as intended; a NaN never is.
+An infinity that reaches an op through an input (a -inf attention mask
+filled in by masked_fill) is taken as intended; a NaN never is. (PyTorch's
+own detect_anomaly checks less: tutorial 1 compares them.)
 
 The checks copy one boolean per array to the host (on a GPU, a wait each)
 and capture a stack per record: slow, for debugging. Off, the engine pays a
 test of one flag per op.
 
-What does not live here: the backward walk and the anomaly checks (tape.py),
-where saved arrays are packed (function.py), checkpointing (checkpoint.py).
+What does not live here: the backward walk (tape.py), the anomaly checks
+(anomaly.py), where saved arrays are packed (function.py), checkpointing
+(checkpoint.py).
 """
 
 from . import anomaly, backend, function, tape

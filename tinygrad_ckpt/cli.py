@@ -47,13 +47,11 @@ from .testing import verify
 from .train import TrainingArguments, Trainer
 
 # The default run: a 3-layer character GPT (348k parameters) on the embedded
-# text, 500 steps of 16 x 64 characters, about 45 s of CPU time; its loss falls
-# from 4.2 to about 2.1 (validation about 2.15). Measured on the 2-core
-# development machine; tokens/s are printed as it runs. These are the demo's
-# only departures from GPTConfig's and TrainingArguments' defaults.
-# keep_freed_memory: the command owns its process, so it keeps what a step
-# frees for the next step (allocator.py; 27 % of the default run's time went
-# to faulting it in again); the library never does unless asked.
+# text, 500 steps of 16 x 64 characters (benchmarks/README.md says how long it
+# takes, and what it reaches). These are the demo's only departures from
+# GPTConfig's and TrainingArguments' defaults. keep_freed_memory: the command
+# owns its process, so it keeps what a step frees for the next step
+# (allocator.py); the library never does unless asked.
 DEFAULTS = dict(
     block_size=64, n_layer=3, n_head=4, n_embd=96, dropout=0.0,  # the model (GPTConfig)
     per_device_train_batch_size=16, per_device_eval_batch_size=32, max_steps=500, learning_rate=6e-3,
