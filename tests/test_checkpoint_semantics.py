@@ -850,3 +850,25 @@ def test_grad_for_some_inputs_runs_only_the_records_inside_a_segment_that_reach_
     (gx,) = autograd.grad(y.sum(), [x])
     assert calls == [1]
     numpy.testing.assert_allclose(gx.numpy(), w.numpy() * numpy.exp(x.numpy() * w.numpy()), rtol=RTOL)
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_a_segment_may_take_inputs_and_parameters_of_other_dtypes(early_stop):
+    # The record is no arithmetic: its inputs are whatever the code reads, token ids and float
+    # parameters, a float32 input and float64 weights (PyTorch's checkpoint takes them too).
+    emb = nn.Embedding(10, 4, rng=numpy.random.default_rng(0), dtype=F64)
+    idx = Tensor(numpy.array([[1, 2, 3], [3, 2, 9]]))
+    x32 = Tensor(numpy.linspace(-1, 1, 4).astype(numpy.float32), requires_grad=True)
+
+    def segment(i, x):
+        return F.embedding(i, emb.weight).tanh() * x.to(F64)
+
+    results = []
+    for ckpt in (False, True):
+        emb.zero_grad()
+        x32.grad = None
+        out = checkpoint(segment, idx, x32, early_stop=early_stop) if ckpt else segment(idx, x32)
+        (out * out).sum().backward()
+        results.append([emb.weight.grad.numpy().copy(), x32.grad.numpy().copy()])
+    assert results[1][1].dtype == numpy.float32  # each input's gradient in its own dtype
+    assert_same(results[1], results[0])

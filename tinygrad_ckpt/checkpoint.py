@@ -224,6 +224,7 @@ class Checkpoint(Function):
     """
 
     is_checkpoint = True  # recompute.py: a checkpoint inside a segment is run again, never rebuilt
+    mixes_dtypes = True  # token ids and float parameters, float32 inputs and float64 weights: whatever fn reads
 
     @staticmethod
     def forward(ctx, *arrays, segment, outputs):

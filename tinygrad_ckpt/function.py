@@ -174,6 +174,8 @@ _BOOKKEEPING = ("op", "needs_input_grad", "saved_arrays", "saved_versions", "cou
 class Function:
     """Base class of every differentiable op (see the module docstring)."""
 
+    mixes_dtypes = False  # True for a record whose inputs may differ in dtype (a checkpoint's: whatever its code reads)
+
     @staticmethod
     def forward(ctx, *arrays, **options):
         raise NotImplementedError  # abstract: each op defines it
@@ -203,7 +205,7 @@ class Function:
         from .tensor import Tensor
 
         op = cls.__name__
-        _check_inputs(op, inputs)
+        _check_inputs(op, inputs, cls.mixes_dtypes)
         active = tape.active()
         if active is None:
             needs_input_grad = (False,) * len(inputs)
@@ -280,7 +282,7 @@ def _versions_of_saved(saved, inputs, outputs):
     return tuple(entries)
 
 
-def _check_inputs(op, inputs):
+def _check_inputs(op, inputs, mixes_dtypes=False):
     """One device and one dtype per op: a clear error instead of NumPy's upcast."""
     if len(inputs) < 2:
         return
@@ -288,6 +290,8 @@ def _check_inputs(op, inputs):
         backend.array_module(*(t.data for t in inputs))
     except RuntimeError as e:
         raise RuntimeError(f"{op}: {e}") from None
+    if mixes_dtypes:
+        return
     dtypes = {t.dtype for t in inputs}
     if len(dtypes) > 1:
         names = " and ".join(sorted(str(d) for d in dtypes))
