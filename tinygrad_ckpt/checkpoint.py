@@ -133,16 +133,19 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
     segment = _Segment(function, args, kwargs, policy, options)
     # 1. Run function keeping nothing; learn what it read and what it returned.
     template, outputs = segment.forward()
-    # 2. One record, whose inputs are the tensor arguments and the outside tensors that need a gradient.
-    wanted = [o for o, needed in zip(outputs, segment.out_requires_grad) if needed]
-    if not wanted or not (segment.outer or any(t.requires_grad for t in segment.inputs)):
-        return _unflatten(template, iter(o.detach() for o in outputs))  # nothing to differentiate
-    recorded = iter(Checkpoint.apply(*segment.inputs, *segment.outer, segment=segment,
-                                     outputs=tuple(o.data for o in wanted)))
-    segment.drop_forward_tensors()
-    # An output that depends on nothing needing a gradient: cut from the record, as without checkpoint.
-    return _unflatten(template, iter(next(recorded) if needed else o.detach()
-                                     for o, needed in zip(outputs, segment.out_requires_grad)))
+    # 2. One record, whose inputs are the tensor arguments and the outside tensors that need a gradient,
+    #    and whose outputs are those the segment's ops made that need one.
+    wanted = [o for o, r in zip(outputs, segment.recorded) if r]
+    if wanted and (segment.outer or any(t.requires_grad for t in segment.inputs)):
+        recorded = iter(Checkpoint.apply(*segment.inputs, *segment.outer, segment=segment,
+                                         outputs=tuple(o.data for o in wanted)))
+        segment.drop_forward_tensors()
+    else:  # nothing to differentiate
+        recorded, segment.recorded = None, [False] * len(outputs)
+    # Each output: the record's; or the very tensor fn was given or read, returned as it is (as without
+    # the checkpoint); or, depending on nothing that needs a gradient, cut from the record.
+    return _unflatten(template, iter(next(recorded) if r else o.detach() if inside else o
+                                     for o, r, inside in zip(outputs, segment.recorded, segment.made_inside)))
 
 
 def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None, policy=None, **options):
@@ -308,12 +311,12 @@ class _Segment:
         template, outputs = _flatten(returned)
         # An output an op of the segment made (not an input or an outside tensor returned as it is).
         self.made_inside = [o._node is not None and o._node.tape is forward_tape for o in outputs]
+        self.recorded = [o.requires_grad and inside for o, inside in zip(outputs, self.made_inside)]
         forward_tape.learn(self, outputs)  # the outside tensors (and the planned path's notes)
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
         # The parameters are held (they live anyway); a computed tensor from outside is not: the record saves its array.
         self.params = [t if t.is_leaf else None for t in self.outer]
-        self.out_requires_grad = [o.requires_grad for o in outputs]
         determinism.remember_outputs(self, outputs)
         return template, outputs
 
@@ -333,8 +336,7 @@ class _Segment:
         if self.checks:
             recompute_tape.check_all_ran()
             determinism.check_outputs(self, outputs)
-        return recompute_tape, [tape.get_gradient_edge(o) for o, needed in zip(outputs, self.out_requires_grad)
-                                if needed]
+        return recompute_tape, [tape.get_gradient_edge(o) for o, r in zip(outputs, self.recorded) if r]
 
     @contextmanager
     def running_again(self, recompute_tape):
@@ -428,23 +430,19 @@ class _Segment:
         return [Tensor(a, requires_grad=t.requires_grad, device=backend.device_of(a))
                 for t, a in zip(self.inputs, saved)]
 
-    def taken_inside(self, i):
-        """Whether the gradient of the record's output i, when grad() asks for it, is taken inside the recompute.
+    def watch_outputs_inside(self, ctx, output_edges):
+        """The recompute's edges of the record's outputs that the backward call asks for, watched in their stead.
 
         The record is one node for all the segment's outputs, so it has no edge
         from one output to another (y, z = checkpoint(fn, x) with z = 3 * y).
-        An output an op of the segment made is a tensor of the recompute too,
-        and there its gradient has every path: the outer walk leaves it alone.
+        Each of its outputs is a tensor of the recompute too, and there its
+        gradient has every path: the outer walk leaves it to this.
         """
-        return [m for m, needed in zip(self.made_inside, self.out_requires_grad) if needed][i]
-
-    def watch_outputs_inside(self, ctx, output_edges):
-        """The recompute's edges of the record's outputs that the backward call asks for, watched in its stead."""
         task = tape.current_task()
         if task is None or not task.watched:
             return
         for (node, i), t in list(task.watched.items()):
-            if node is not None and node.ctx is ctx and self.taken_inside(i):
+            if node is not None and node.ctx is ctx:
                 task.watched[output_edges[i]] = t
 
     def mismatch(self, what, ran):
@@ -489,9 +487,6 @@ class _ForwardTape(tape.Tape):
 
     def learn(self, segment, outputs):
         """After the forward: the outside tensors, and the ops for the determinism check, on the segment."""
-        for o in outputs:  # an outside tensor returned as it is: an input of the record too
-            if o.requires_grad and (o._node is None or o._node.tape is not self) and id(o) not in self.inputs:
-                self.outer.setdefault(id(o), o)
         segment.outer, segment.ops = list(self.outer.values()), self.ops
 
 

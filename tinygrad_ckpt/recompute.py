@@ -164,8 +164,6 @@ class SegmentTape(tape.Tape):
     def origin_of_output(self, t):
         """Where a segment output came from; a tensor from outside that needs a gradient is one of its inputs."""
         where = self.origin(t.data)
-        if where is None and t.requires_grad and id(t) not in self.input_ids:  # returned as it is (a parameter)
-            self.outer.setdefault(id(t), t)
         if where is None and id(t) in self.outer:
             where = ("outer", list(self.outer).index(id(t)))
         return where
@@ -429,7 +427,7 @@ class RecomputeTape(tape.Tape):
 
     def output_edges(self):
         """The gradient edge of each segment output that requires grad (its record here)."""
-        return [self.edge(origin) for origin, requires_grad in self.segment.out_origins if requires_grad]
+        return [self.edge(origin) for (origin, _), r in zip(self.segment.out_origins, self.segment.recorded) if r]
 
     # -- helpers -------------------------------------------------------------------
     def kept_output(self, j, k):

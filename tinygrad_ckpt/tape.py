@@ -410,7 +410,7 @@ class GradientTask:
         """The gradient of a watched computed tensor, whole, as it reaches its record."""
         for i, g in enumerate(out_grads):
             t = self.watched.get((node, i))
-            if t is None or g is None or (_takes_watched_inside(node) and node.ctx.segment.taken_inside(i)):
+            if t is None or g is None or _takes_watched_inside(node):
                 continue
             if self.capture:
                 self.captured[id(t)] = g.copy() if id(t) not in self.captured else self.captured[id(t)] + g
