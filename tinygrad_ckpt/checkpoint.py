@@ -113,17 +113,20 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
 
     Tensors anywhere in args and kwargs (inside tuples, lists, dicts) are the
     segment's inputs; everything else is passed through as is. It returns
-    what `function` returns, the same structure, with each tensor that
-    needs a gradient recorded on the tape. Tensors `function` reads from its
-    closure that need a gradient are taken as inputs too.
+    what `function` returns, the same structure, with each tensor its ops
+    made that needs a gradient recorded on the tape; a tensor it returns as
+    it is (an input, a parameter) comes back as that very tensor. Tensors
+    `function` reads from its closure that need a gradient are taken as
+    inputs too.
 
     use_reentrant: False or None (True is an error: see check_options).
     preserve_rng_state: replay the random generators (see the module
     docstring). determinism_check: "default", "values" or "none"; debug:
     show the op sequences when the check fails. early_stop: stop the
     recompute once backward has what it needs, and skip what it does not
-    need (False: recompute everything). policy: see policies.py (None:
-    keep nothing).
+    need (recompute.py; False: the plain path, everything again). policy:
+    see policies.py (None: keep nothing). Raises CheckpointError in backward
+    when the recompute does not match the forward.
     """
     options = check_options(use_reentrant, preserve_rng_state, determinism_check, debug, early_stop)
     if not callable(function):
