@@ -1,4 +1,10 @@
-"""One helper every op test goes through: finite differences in float64; how to get PyTorch for the optional checks."""
+"""One helper every op test goes through: finite differences in float64; how to get PyTorch for the optional checks;
+a time limit for a test that would otherwise hang."""
+
+import signal
+from contextlib import contextmanager
+
+import pytest
 
 from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.gradcheck import gradcheck
@@ -25,3 +31,25 @@ def check_grad(fn, *arrays, eps=1e-6):
 
 def _used_twice(out):
     return out + out
+
+
+class TookTooLong(Exception):
+    """Raised by time_limit when its seconds are up."""
+
+
+@contextmanager
+def time_limit(seconds, what):
+    """Inside, a test that would hang or never end fails instead: SIGALRM raises TookTooLong(what) in the main thread."""
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("needs signal.setitimer (POSIX)")
+
+    def stop(signum, frame):
+        raise TookTooLong(f"{what} after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -261,13 +261,19 @@ def test_bad_flag_values_are_one_line_errors(flags, message, capsys):
     assert err.startswith("tinygrad-ckpt train: error: ")
 
 
-def test_bad_files_and_checkpoints_are_one_line_errors(tmp_path, capsys):
-    text = tmp_path / "tiny.txt"
+def _trained_into(out, capsys):
+    """Train two steps on a tiny text into `out`; the command's arguments, to run again with more."""
+    text = out.parent / "tiny.txt"
     text.write_text("abcdefgh " * 100)
     common = ["train", "--data", str(text), *TINY, "--per-device-train-batch-size", "2", "--sample-chars", "0",
-              "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
+              "--max-steps", "2", "--output-dir", str(out)]
     assert cli.main(common) == 0
     capsys.readouterr()
+    return common
+
+
+def test_bad_files_and_checkpoints_are_one_line_errors(tmp_path, capsys):
+    common = _trained_into(tmp_path / "out", capsys)
     assert "--n-head 2" not in common[5:]
     err = one_line_error([*common, "--resume", "--n-head", "4"], capsys)  # the same shapes, another model
     assert "its model configuration differs in 'n_head': the checkpoint has 2, this run has 4" in err
@@ -323,12 +329,7 @@ def test_the_command_line_error_is_one_line_in_a_real_process():
 
 
 def test_a_fresh_run_into_another_runs_output_dir_is_refused_in_one_line(tmp_path, capsys):
-    text = tmp_path / "tiny.txt"
-    text.write_text("abcdefgh " * 100)
-    common = ["train", "--data", str(text), *TINY, "--per-device-train-batch-size", "2", "--sample-chars", "0",
-              "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
-    assert cli.main(common) == 0
-    capsys.readouterr()
+    common = _trained_into(tmp_path / "out", capsys)
     err = one_line_error(common, capsys)
     assert f"output directory '{tmp_path / 'out'}' already holds another run (checkpoint-2.npz, model.npz)" in err
     assert "--resume" in err and "--overwrite-output-dir" in err

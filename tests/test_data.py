@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from tinygrad_ckpt import data
 
+from .helpers import time_limit
+
 
 def test_embedded_text_is_shipped_and_is_english():
     text = data.load_text()
@@ -123,20 +125,9 @@ def test_user_file_errors(tmp_path):
 # -- a data file that cannot be read is named as such, before it is read ---------------------------
 @pytest.fixture
 def within_10_seconds():
-    """A read that would block or never end fails the test instead (SIGALRM)."""
-    import signal
-
-    if not hasattr(signal, "setitimer"):
-        pytest.skip("needs signal.setitimer (POSIX)")
-
-    def stop(signum, frame):
-        raise TimeoutError("still reading after 10 s")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, 10)
-    yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, previous)
+    """A read that would block or never end fails the test instead."""
+    with time_limit(10, "still reading"):
+        yield
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])

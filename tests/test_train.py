@@ -18,6 +18,8 @@ from tinygrad_ckpt.data import CharDataset, CharTokenizer
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.train import Trainer, TrainerCallback, TrainingArguments, get_learning_rate
 
+from .helpers import time_limit
+
 V, T = 11, 8  # vocabulary, block size
 
 
@@ -610,26 +612,11 @@ def test_temporary_files_of_an_interrupted_save_are_removed_at_start(tmp_path, c
 
 
 # -- a stored position is checked against the data before the first step (resume never hangs) -----
-class TookTooLong(Exception):
-    pass
-
-
 @pytest.fixture
 def within_20_seconds():
-    """A test that would hang fails instead: SIGALRM raises in the main thread after 20 s."""
-    import signal
-
-    if not hasattr(signal, "setitimer"):
-        pytest.skip("needs signal.setitimer (POSIX)")
-
-    def stop(signum, frame):
-        raise TookTooLong("still running after 20 s: the resumed run loops without taking a step")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, 20)
-    yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, previous)
+    """A test that would hang fails instead."""
+    with time_limit(20, "still running: the resumed run loops without taking a step"):
+        yield
 
 
 def saved_run(out, **kw):
