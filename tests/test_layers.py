@@ -42,7 +42,7 @@ def test_the_engine_cycle_stays_inside_functions(name):
     assert not module_level, f"{name} imports tensor at module level (line {module_level[0].lineno}): import it inside the function that needs it"
 
 
-LAB = ("bench", "fit", "step_memory", "activations", "testing", "cli", "__main__")
+LAB = ("bench", "fit", "step_memory", "activations", "meta", "testing", "cli", "__main__")
 
 
 def _lab_imports(path):

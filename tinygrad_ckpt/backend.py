@@ -4,9 +4,10 @@ Every op asks `array_module(*arrays)` for the module its inputs live in and
 calls `xp.exp`, `xp.zeros`, ... on it, so each derivative is written once and
 runs on both devices. Nothing outside this file imports CuPy.
 
-What lives here: the device names ('cpu', 'cuda'), the array module of an
-array, explicit host/device transfers, and the buffer that owns an array's
-memory (the memory accounting counts buffers, not views).
+What lives here: the device names ('cpu', 'cuda', and 'meta' once the lab's
+meta.py is imported), the array module of an array, explicit host/device
+transfers, and the buffer that owns an array's memory (the memory
+accounting counts buffers, not views).
 
 What does not: any op, any tensor logic.
 """
@@ -16,8 +17,19 @@ import numpy
 # The array module behind each device. 'cuda' is filled in on first use
 # (importing CuPy is slow and fails where there is no GPU); tests may install a
 # strict stand-in with `set_cuda_module` to prove the engine never touches the
-# host behind the user's back.
-_modules = {"cpu": numpy, "cuda": None}
+# host behind the user's back. 'meta' (arrays with a shape and no data, to
+# measure a step before running it) is the lab's: importing tinygrad_ckpt.meta
+# installs it with `set_device_module`.
+_modules = {"cpu": numpy, "cuda": None, "meta": None}
+
+
+def set_device_module(device, module):
+    """Use `module` as the array module of 'cuda' or 'meta'; returns the one there before."""
+    if device not in ("cuda", "meta"):
+        raise ValueError(f"only 'cuda' and 'meta' take another array module, not {device!r}")
+    previous = _modules[device]
+    _modules[device] = module
+    return previous
 
 
 def set_cuda_module(module):
@@ -25,9 +37,7 @@ def set_cuda_module(module):
 
     Returns the module that was there before, so a test can put it back.
     """
-    previous = _modules["cuda"]
-    _modules["cuda"] = module
-    return previous
+    return set_device_module("cuda", module)
 
 
 def _cuda():
@@ -60,7 +70,7 @@ def set_default_device(device):
     """
     global _default_device
     if device not in _modules:
-        raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda'")
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'meta'")
     previous, _default_device = _default_device, device
     return previous
 
@@ -79,21 +89,26 @@ def cuda_is_available():
 
 
 def module_for(device):
-    """The array module of a device name ('cpu' or 'cuda')."""
+    """The array module of a device name ('cpu', 'cuda' or 'meta')."""
     if device == "cpu":
         return numpy
     if device == "cuda":
         return _cuda()
-    raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda'")
+    if device == "meta":
+        if _modules["meta"] is None:
+            raise RuntimeError("device='meta' is the lab's: `import tinygrad_ckpt.meta` installs it")
+        return _modules["meta"]
+    raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'meta'")
 
 
 def device_of(array):
-    """'cpu' for NumPy arrays, 'cuda' for arrays of the CUDA module."""
+    """'cpu' for NumPy arrays, 'cuda' for arrays of the CUDA module, 'meta' for the meta device's."""
     if isinstance(array, numpy.ndarray):
         return "cpu"
-    cuda = _modules["cuda"]
-    if cuda is not None and isinstance(array, cuda.ndarray):
-        return "cuda"
+    for device in ("cuda", "meta"):
+        module = _modules[device]
+        if module is not None and isinstance(array, module.ndarray):
+            return device
     raise TypeError(
         f"expected a NumPy or CuPy array, got {type(array).__name__}; "
         "wrap Python values with Tensor(...) first"
@@ -101,11 +116,25 @@ def device_of(array):
 
 
 def is_array(x):
-    """True for an array of NumPy or of the CUDA module (CuPy, or the strict stand-in)."""
+    """True for an array of NumPy, of the CUDA module (CuPy, or the strict stand-in), or of the meta device."""
     if isinstance(x, numpy.ndarray):
         return True
-    cuda = _modules["cuda"]
-    return cuda is not None and isinstance(x, cuda.ndarray)
+    return any(m is not None and isinstance(x, m.ndarray) for m in (_modules["cuda"], _modules["meta"]))
+
+
+def on_cpu(array):
+    """True where the CPU computes `array`: NumPy's arrays, and the meta device's standing in for the CPU.
+
+    Some ops work in pieces on the CPU (a piece fits the cache) and in one pass
+    on a GPU; they ask this.
+    """
+    return isinstance(array, numpy.ndarray) or (device_of(array) == "meta" and _modules["meta"].like == "cpu")
+
+
+def holds_values(device):
+    """False for the meta device, whose arrays have no values: code that would draw random
+    values for it (an initialisation, a dropout mask) makes an empty array instead."""
+    return device != "meta"
 
 
 def array_module(*arrays):

@@ -1,4 +1,4 @@
-"""Will it fit? A GPT training step's memory on a given GPU, and what to do about it.
+"""Will it fit? A training step's memory, measured by running the step on arrays with no data.
 
     >>> plan = plan_training("gpt2-medium", effective_batch_size=32, device_memory="a10")
     >>> plan.recommendation.verdict
@@ -8,18 +8,29 @@
     >>> print(plan)                     # the table, and the recommendation  # doctest: +ELLIPSIS
     Will it fit? gpt2-medium: 24 blocks, width 1024, 16 heads, ...
 
-For one GPT configuration (nn/transformer.py's GPTConfig, or a GPT-2 size by
-name), a sequence length, an effective batch, a dtype, a device memory and a
-number of data-parallel processes, `plan_training` answers, for each way of
+To know what a step will hold, run the same code on arrays that have a shape
+and a dtype and no data: `estimate_step` builds nothing of the model's size,
+runs one optimizer step of the real Trainer on the meta device (meta.py),
+and reads memory.py's count by category and the meta device's count of
+every array. Whatever the engine does (early stop, rebuilt records,
+policies, the blockwise cross-entropy, accumulation buffers, AdamW's
+moments) is in the figures, with no second description of it; for a small
+model, tests/test_fit.py runs the same step on real arrays and finds the same
+bytes. It works for any Module built with device="meta"; `gpt_step` is it
+for nn/transformer.py's GPT.
+
+For one GPT configuration (a GPTConfig, or a GPT-2 size by name), a sequence
+length, an effective batch, a dtype, a device memory and a number of
+data-parallel processes, `plan_training` answers, for each way of
 checkpointing (none, every block, every block with half blocks, sqrt(n)
 segments, the selective policy, the planner at the device's budget):
 
   * the peak of one training step by category (parameters, gradients,
     accumulation buffers, optimizer state, saved activations, and "other":
     what is in flight, a gradient travelling back, an output not saved yet),
-    as memory.py would count it, from step_memory.py's walk of the step;
-  * an upper bound of what the device must hold at that peak (the counted
-    bytes plus each op's scratch arrays: step_memory.StepMemory.device_peak_bytes);
+    as memory.py counts it;
+  * the device's peak: every array of the step, an op's scratch included
+    (StepMemory.device_peak_bytes);
   * the largest micro-batch that fits, the micro-batch and accumulation steps
     that make the effective batch exactly, and the time the recomputation
     costs, as recomputed FLOPs over the step's (about three forwards);
@@ -30,41 +41,45 @@ docs/source/en/perf_train_gpu_one.md): no technique needed, gradient
 accumulation, gradient checkpointing, both, or "does not fit even with both"
 and by how much, with the TrainingArguments line that does it.
 
-It allocates no array of the model's size: the walk works on sizes, and a
-GPT-2 XL table takes a fraction of a second (benchmarks/fit_speed.py).
+Two documented shortcuts of the run, each compared with the plain run in
+tests/test_fit.py: every array of a GPT's step is a + b x batch bytes, so the
+step run at micro-batches 1 and 2 gives every batch size (StepProfile); on
+the CPU, where some ops work in pieces of a fixed size, each size is run.
 
-Device memory presets are nominal sizes, the memory each card is sold with
-(NVIDIA's product pages quote GB: the H200's 141 GB), taken here as GiB
-(2**30 bytes), which is more than CUDA reports: about 14.6 GiB on a 16 GB
-T4 (PyTorch's out-of-memory message, "a total capacity of 14.56 GiB",
-github.com/AlphaGPU/leetgpu-challenges/issues/52). A process can allocate
-less still: the CUDA context takes some, and a caching allocator rounds
-requests and keeps freed blocks. Pass reserve_bytes
-for what your setup loses; benchmarks/gpu_check.sh measures it on a GPU.
+GPU presets are the total memory CUDA reports for each card (GPUS, each from
+a published report), less the CUDA context (DEFAULT_RESERVE); a size given
+instead is taken as what the process can have. reserve_bytes overrides the
+reserve; benchmarks/gpu_check.sh measures it on a GPU.
 
-dtypes: this engine runs float32 and float64, and for those the figures are
-its own. float16 and bfloat16 are estimates of the same arrays at 2 bytes,
-under an assumption the caller must state (mixed_precision):
+dtypes: this engine trains in float32 and float64, and for those the figures
+are its own. float16 and bfloat16 are the step of a 16-bit model, under an
+assumption the caller must state (mixed_precision):
   True   mixed precision: 16-bit parameters, gradients and activations;
          float32 master weights and AdamW moments (12 bytes per parameter);
          float32 accumulation buffers. The usual count, in Rajbhandari et
          al. 2020 (ZeRO) section 3.1, is 16 bytes per parameter (2 + 2 + 12);
-         this engine's Trainer adds its accumulation buffers (4 more).
+         this engine's Trainer adds its accumulation buffers (4 more). The
+         step is a 16-bit model's with float32 buffers, and the 8 bytes a
+         parameter of float32 state it does not make are added: an estimate.
   False  every array 16-bit, AdamW's moments included (8 bytes per parameter
-         with the buffers).
+         with the buffers): the step of a 16-bit model, as this engine runs it.
 
-What does not live here: the walk of the step (step_memory.py), the
-saved-activation formulas (activations.py), the planner (schedules.py), the
-command line (cli.py).
+What does not live here: the meta device (meta.py), the saved-activation
+formulas (activations.py), the planner (schedules.py), the command line (cli.py).
 """
 
 import argparse
+import dataclasses
 import math
 import re
+from array import array
 from dataclasses import dataclass, field
 
-from . import activations, step_memory
-from .nn.transformer import GPTConfig
+import numpy
+
+from . import activations, backend, memory, meta, policies
+from .nn.module import Parameter
+from .nn.transformer import GPT, GPTConfig
 from .ops.flops import op_flops
 from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints
 
@@ -80,20 +95,31 @@ GPT2 = {
 }
 
 GiB = 1 << 30
-# Nominal memory (see the module docstring): name -> (what it is, GiB).
+# name -> (what it is, nominal GB, GiB as CUDA reports its total memory). The reported total is
+# what cudaMemGetInfo gives and PyTorch's out-of-memory message prints ("GPU 0 has a total
+# capacity of 14.56 GiB"; c10/cuda/CUDACachingAllocator.cpp), less than the nominal size (ECC,
+# the driver's reservations) and varying by a few hundredths with the driver. Each from a
+# published report naming the card:
 GPUS = {
-    "t4": ("NVIDIA T4", 16),
-    "v100-16gb": ("NVIDIA V100 16 GB", 16),
-    "v100-32gb": ("NVIDIA V100 32 GB", 32),
-    "a10": ("NVIDIA A10", 24),
-    "l4": ("NVIDIA L4", 24),
-    "rtx-3090": ("NVIDIA GeForce RTX 3090", 24),
-    "rtx-4090": ("NVIDIA GeForce RTX 4090", 24),
-    "a100-40gb": ("NVIDIA A100 40 GB", 40),
-    "a100-80gb": ("NVIDIA A100 80 GB", 80),
-    "h100-80gb": ("NVIDIA H100 80 GB", 80),
-    "h200": ("NVIDIA H200", 141),
+    "t4": ("NVIDIA T4", 16, 14.56),  # github.com/Zheng-Chong/CatVTON/issues/133 ("Tesla T4")
+    "v100-16gb": ("NVIDIA V100 16 GB", 16, 15.78),  # github.com/kchengiva/Shift-GCN/issues/34 ("16G V100")
+    "v100-32gb": ("NVIDIA V100 32 GB", 32, 31.74),  # github.com/liucongg/ChatGLM-Finetuning/issues/73 ("V100 32GB")
+    "a10": ("NVIDIA A10", 24, 21.99),  # github.com/zai-org/CogVLM/issues/236 (Lambda's a10)
+    "l4": ("NVIDIA L4", 24, 22.03),  # github.com/ArcInstitute/evo2/issues/190 ("a L4 GPU")
+    "rtx-3090": ("NVIDIA GeForce RTX 3090", 24, 23.68),  # github.com/LambdaLabsML/examples/issues/48 ("3090")
+    "rtx-4090": ("NVIDIA GeForce RTX 4090", 24, 23.64),  # github.com/ali-vilab/VGen/issues/104 ("RTX 4090 24GB")
+    "a100-40gb": ("NVIDIA A100 40 GB", 40, 39.39),  # github.com/bottlerocket-os/bottlerocket/pull/3873 (deviceQuery,
+    #                                                 A100-SXM4-40GB: 42298834944 bytes)
+    "a100-80gb": ("NVIDIA A100 80 GB", 80, 79.15),  # github.com/vllm-project/vllm/issues/4408 ("A100 80GB")
+    "h100-80gb": ("NVIDIA H100 80 GB", 80, 79.18),  # github.com/shyampathak22/prime-rl, benchmarks/results/BENCHMARKS.md
+    #                                                 ("1xH100 HBM3")
+    "h200": ("NVIDIA H200", 141, 139.81),  # github.com/sungwon-chae/arxiv_confi, etu_logging.md ("NVIDIA H200")
 }
+# What a GPU's process cannot have of that total, by default: the CUDA context (the driver and the
+# loaded kernels), about 300 MB (github.com/pytorch/pytorch/issues/107667) to 400 MB (issue 109888)
+# with the lazy module loading PyTorch has set since 1.13 (pull 86509), and it cannot be freed.
+# Rounded up to 0.5 GiB for the caching allocator's rounding: that margin is ours, not a source's.
+DEFAULT_RESERVE = GiB // 2
 
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -115,14 +141,16 @@ VERDICTS = ("no technique needed", "gradient accumulation", "gradient checkpoint
 # -- inputs ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Precision:
-    """What the arrays of a step are made of, in bytes."""
+    """What the arrays of a step are made of, in bytes, and how fit runs it."""
 
-    dtype: str
+    dtype: str  # the model's dtype, as the step is run
     itemsize: int  # activations, parameters and gradients, per element
     optimizer_bytes: int  # optimizer state per parameter
     accumulation_itemsize: int  # the accumulation buffers, per element
-    runs_here: bool  # this engine runs it (float32, float64); else an estimate
+    runs_here: bool  # this engine trains with it (float32, float64); else an estimate
     description: str
+    accumulation_dtype: str = None  # TrainingArguments.accumulation_dtype of the step run (None: the model's)
+    extra_optimizer_bytes: int = 0  # per parameter: state the engine does not make, added (mixed precision)
 
 
 def precision(dtype="float32", mixed_precision=None):
@@ -135,14 +163,15 @@ def precision(dtype="float32", mixed_precision=None):
     if dtype in ("float16", "bfloat16"):
         if mixed_precision is None:
             raise ValueError(
-                f"dtype {dtype!r} is an estimate (this engine runs float32 and float64): say what it assumes with "
-                "mixed_precision=True (16-bit parameters, gradients and activations, float32 master weights and AdamW "
-                "moments) or mixed_precision=False (every array 16-bit)")
-        if mixed_precision:
+                f"dtype {dtype!r} is an estimate (this engine trains in float32 and float64): say what it assumes "
+                "with mixed_precision=True (16-bit parameters, gradients and activations, float32 master weights and "
+                "AdamW moments) or mixed_precision=False (every array 16-bit)")
+        if mixed_precision:  # the step of a 16-bit model with float32 buffers, plus 8 bytes a parameter of state
             return Precision(dtype, 2, 12, 4, False, f"{dtype} mixed precision (float32 master weights and AdamW "
-                             "moments, float32 accumulation buffers): an estimate, this engine does not run 16-bit")
-        return Precision(dtype, 2, 4, 2, False, f"pure {dtype} (every array 16-bit, AdamW moments too): an "
-                         "estimate, this engine does not run 16-bit")
+                             "moments, float32 accumulation buffers): an estimate, the step of a 16-bit model with "
+                             "the float32 state added", "float32", 12 - 2 * 2)
+        return Precision(dtype, 2, 4, 2, False, f"pure {dtype} (every array 16-bit, AdamW moments too): the step of "
+                         "a 16-bit model, an estimate of training in it")
     raise ValueError(f"dtype must be one of float32, float64, float16, bfloat16, got {dtype!r}")
 
 
@@ -170,12 +199,13 @@ def model_config(model):
 
 
 def device_memory_bytes(memory):
-    """(bytes, label) from a GPU preset's name, a number of bytes, or a size such as '24GiB' or '16 GB'."""
+    """(bytes, label) from a GPU preset's name (its total as CUDA reports it), a number of bytes, or a size
+    such as '24GiB' or '16 GB'."""
     if isinstance(memory, str):
         key = memory.strip().lower()
         if key in GPUS:
-            name, gib = GPUS[key]
-            return gib * GiB, f"{name}, {gib} GB nominal, taken as {gib} GiB"
+            name, nominal, gib = GPUS[key]
+            return round(gib * GiB), f"{name}, {nominal} GB nominal, {gib} GiB as CUDA reports it"
         number = key.rstrip("abcdefghijklmnopqrstuvwxyz ")
         unit = key[len(number):].strip() or "b"
         try:
@@ -196,6 +226,293 @@ def device_memory_bytes(memory):
 def _positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+# -- one training step, run on the meta device -----------------------------------------------
+@dataclass
+class StepMemory:
+    """What one training step holds: its peak and the split of it by category, in bytes.
+
+    peak_bytes: the highest live bytes over the step, as memory.py counts
+    them (memory.peak()[0] of the same step run on real arrays); at_peak:
+    bytes by category at that moment; highest: each category's own highest
+    value (saved activations: the figure activations.chain_peak predicts for
+    a GPT); start: what lives before the step (parameters, optimizer state,
+    accumulation buffers).
+
+    device_peak_bytes: the highest of all the step's arrays together, as the
+    meta device counts them: memory.py's arrays and every other array the
+    engine makes (an op's scratch, a gradient before it is delivered), plus
+    `constant_bytes`: on the CPU, the batch's host arrays, which the meta
+    device does not see (on a GPU they are host memory). What an allocator
+    must find room for, before its own overheads.
+
+    recomputed_flops: the forward FLOPs of the ops the step's checkpoint
+    recomputes ran (ops/flops.py; what a policy's stash replays is not run).
+    """
+
+    peak_bytes: int
+    at_peak: dict
+    highest: dict
+    start: dict
+    device_peak_bytes: int = 0
+    constant_bytes: int = 0
+    recomputed_flops: int = 0
+    points: list = field(default=None, repr=False)  # bytes at every check of memory.py, one column per category
+    scratch_points: list = field(default=None, repr=False)  # the meta device's live bytes after every allocation
+
+
+class _Recorder(memory.MemoryTracker):
+    """memory.py's tracker, keeping from the step's start (train()'s reset_peak) the bytes by category at
+    every check, and the FLOPs of the ops a recompute runs (which a policy says to recompute)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.points = self.start = None
+        self.policy = policy
+        self.recomputed_flops = 0
+        self.events = []  # the op events come to `event`, which keeps only their FLOPs
+
+    def reset_peak(self):
+        super().reset_peak()
+        self.start = dict(self.current)
+        self.points = [array("q", [self.current[c]]) for c in memory.CATEGORIES]
+        meta.count.reset_peak()
+
+    def _update_peak(self):
+        super()._update_peak()
+        if self.points is not None:
+            for column, c in zip(self.points, memory.CATEGORIES):
+                column.append(self.current[c])
+
+    def event(self, op, phase=None, inputs=None, outputs=None, kind=None, **rest):
+        self._made, self._freed = [], {}
+        if (phase or self.phase) == "recompute" and outputs is not None and (
+                self.policy is None or self.policy(op) == policies.RECOMPUTE):
+            self.recomputed_flops += op_flops(op, [a.shape for a in inputs], [o.shape for o in outputs])
+
+
+def _stack(examples):
+    """A micro-batch: each field of the examples stacked (estimate_step's collator)."""
+    return {name: numpy.stack([e[name] for e in examples]) for name in examples[0]}
+
+
+def estimate_step(model, batch_shapes, compute_loss_func=None, training_arguments=None, device="cuda"):
+    """One optimizer step of `model`, run by the Trainer on the meta device: a StepMemory.
+
+        model = MLP(784, [512, 512], 10, device="meta")    # no values, nothing drawn
+        step = estimate_step(model, {"x": ((64, 784), "float32"), "y": ((64,), "int64")},
+                             lambda model, b: (F.cross_entropy(model(Tensor(b["x"], device="meta")),
+                                                               b["y"], reduction="sum"), len(b["y"])))
+        step.peak_bytes, step.at_peak, step.device_peak_bytes
+
+    model: any Module built with device="meta" (its arrays are entered into
+    the count, as Module.to enters them). batch_shapes: {field: (shape, dtype)}
+    of one micro-batch; the step gets host arrays of zeros of those shapes
+    (labels of 0: every item counts). compute_loss_func: the Trainer's
+    (model, batch) -> (sum of the losses, items); None: the GPT's loss on
+    "input_ids" and "labels". training_arguments: a TrainingArguments or a dict
+    of its fields (gradient checkpointing, accumulation dtype, optimizer...);
+    per_device_train_batch_size is the batch's first axis. device: "cuda" or
+    "cpu", the device the meta device stands in for (meta.like).
+
+    The model is left as the Trainer leaves it (checkpointing switched on if asked).
+    """
+    from .train import Trainer, TrainingArguments
+
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if not batch_shapes:
+        raise ValueError("batch_shapes is empty: give each field of a micro-batch as name: (shape, dtype)")
+    shapes = {name: (tuple(shape), numpy.dtype(dtype)) for name, (shape, dtype) in batch_shapes.items()}
+    B = {shape[0] if shape else None for shape, _ in shapes.values()}
+    if len(B) != 1 or None in B or B == {0}:
+        raise ValueError(f"every field of batch_shapes needs the same first axis, the micro-batch: {batch_shapes}")
+    B = B.pop()
+    args = dict(training_arguments or {}) if not isinstance(training_arguments, TrainingArguments) else {
+        f.name: getattr(training_arguments, f.name) for f in dataclasses.fields(training_arguments)}
+    args.update(per_device_train_batch_size=B, gradient_accumulation_steps=1, max_steps=1, logging_steps=0,
+                disable_tqdm=True, keep_freed_memory=False, output_dir=None, save_steps=0, eval_steps=0)
+    args = TrainingArguments(**args)
+    ck = args.gradient_checkpointing_kwargs or {} if args.gradient_checkpointing else {}
+    policy = policies.resolve(ck.get("policy"))
+    example = {name: numpy.zeros(shape[1:], dtype) for name, (shape, dtype) in shapes.items()}
+    recorder, batches = _Recorder(policy), []
+
+    def collate(examples):  # a host batch of zeros; kept, to see which arrays the device never saw
+        batches.append(_stack(examples))
+        return batches[-1]
+
+    previous = memory.tracker
+    memory.tracker = recorder
+    try:
+        with meta.counting(points=True, stands_in_for=device) as count:
+            _enter(model, recorder, count)
+            trainer = Trainer(model, args, [example] * B, data_collator=collate, compute_loss_func=compute_loss_func)
+            trainer.train()
+            # On the CPU the batch is host memory and device memory at once: what the step never brought
+            # to the meta device (say, labels read on the host only) is added, as alive through the step.
+            constant = 0 if device == "cuda" else sum(a.nbytes for batch in batches for a in batch.values()
+                                                      if not meta.has_stand_in(a))
+    finally:
+        memory.tracker = previous
+    points = recorder.points
+    highest = {c: max(column) for c, column in zip(memory.CATEGORIES, points)}
+    return StepMemory(recorder.peak_total, dict(recorder.peak), highest, recorder.start, count.peak + constant,
+                      constant, recorder.recomputed_flops, points, count.points)
+
+
+def _enter(model, recorder, count):
+    """Put the model's arrays (made before the count began) in the count, as Module.to puts them."""
+    seen = set()
+    for t in list(model.parameters()) + [b for _, b in model.named_buffers()]:
+        base = backend.storage(t.data)
+        if backend.device_of(base) != "meta":
+            raise ValueError(f"the model has a {backend.device_of(base)} array: build it with device='meta'")
+        if id(base) not in seen:
+            seen.add(id(base))
+            count.live += base.nbytes
+        recorder.track(t.data, "parameters" if isinstance(t, Parameter) else None)
+    count.peak = count.live
+
+
+def gpt_step(config, batch_size, seq_len, dtype="float32", checkpointing=None, accumulation_dtype=None,
+             optim="adamw", device="cuda", extra_optimizer_bytes=0):
+    """estimate_step for nn/transformer.py's GPT (a GPTConfig) on batches of batch_size x seq_len tokens.
+
+    checkpointing: None, or GPT.gradient_checkpointing_enable's arguments
+    (segments, policy, split_blocks); dtype: the model's; accumulation_dtype,
+    optim: as TrainingArguments'. extra_optimizer_bytes: optimizer state the
+    engine does not make, added to every moment of the step (fit's estimate
+    of mixed precision's float32 master weights, see `precision`).
+    """
+    model = GPT(config, dtype=_dtype(dtype), device="meta")
+    args = dict(optim=optim, accumulation_dtype=accumulation_dtype)
+    if checkpointing is not None:
+        args.update(gradient_checkpointing=True, gradient_checkpointing_kwargs=dict(checkpointing))
+    tokens = ((batch_size, seq_len), numpy.int64)
+    step = estimate_step(model, {"input_ids": tokens, "labels": tokens}, None, args, device)
+    if extra_optimizer_bytes:  # alive through the whole step: the same bytes more at every moment
+        optimizer = memory.CATEGORIES.index("optimizer")
+        for figures in (step.start, step.at_peak, step.highest):
+            figures["optimizer"] += extra_optimizer_bytes
+        step.points[optimizer] = array("q", (b + extra_optimizer_bytes for b in step.points[optimizer]))
+        step.scratch_points = array("q", (b + extra_optimizer_bytes for b in step.scratch_points))
+        step.peak_bytes += extra_optimizer_bytes
+        step.device_peak_bytes += extra_optimizer_bytes
+    return step
+
+
+def _dtype(name):
+    """A NumPy dtype from its name; bfloat16 from ml_dtypes (JAX's NumPy extension), if installed."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ValueError("dtype 'bfloat16' needs the ml_dtypes package (NumPy has no bfloat16): "
+                             "pip install ml_dtypes") from None
+        return numpy.dtype(ml_dtypes.bfloat16)
+    return numpy.dtype(name)
+
+
+class StepProfile:
+    """One step's memory at every micro-batch size, from the step run at two sizes.
+
+    Every array of a GPT's step is a + b * batch bytes (activations grow with
+    the batch; parameters, the causal mask and scalars do not), and the step
+    makes the same arrays in the same order at every batch size on a GPU, so
+    the bytes at each check are affine in the batch: two runs, at `batch` and
+    batch + 1, give them all, exactly (tests/test_fit.py compares with running
+    each size). A micro-batch of 1 can make views where larger ones copy (an
+    axis of 1 merges with anything): then the runs are at 2 and 3, and `below`
+    holds the run at 1. `at(b)` is the step at b; `largest_batch(limit)` the
+    largest micro-batch whose peak fits.
+    """
+
+    def __init__(self, one, two, batch=1, below=None):
+        if len(one.scratch_points) != len(two.scratch_points) or len(one.points[0]) != len(two.points[0]):
+            raise ValueError(f"the step makes different arrays at micro-batches {batch} and {batch + 1}")
+        p1, p2 = numpy.array(one.points, dtype=numpy.int64).T, numpy.array(two.points, dtype=numpy.int64).T
+        s1, s2 = numpy.array(one.scratch_points, dtype=numpy.int64), numpy.array(two.scratch_points, dtype=numpy.int64)
+        affine = lambda x1, x2: (x1 - batch * (x2 - x1), x2 - x1)  # noqa: E731 (at batch 0, and per example)
+        self._points, self._scratch = affine(p1, p2), affine(s1, s2)
+        self._constant = affine(one.constant_bytes, two.constant_bytes)
+        self._flops = affine(one.recomputed_flops, two.recomputed_flops)
+        self.start, self.batch, self.below = one.start, batch, dict(below or {})
+
+    def at(self, batch_size):
+        """The StepMemory of a micro-batch of batch_size examples."""
+        if batch_size in self.below:
+            return self.below[batch_size]
+        points = self._points[0] + self._points[1] * batch_size
+        totals = points.sum(axis=1)
+        first = int(totals.argmax())  # memory.py keeps the first of equal peaks
+        constant = int(self._constant[0] + self._constant[1] * batch_size)
+        scratch = self._scratch[0] + self._scratch[1] * batch_size
+        device = max(int(totals[first]), int(scratch.max()) if len(scratch) else 0) + constant
+        split = dict(zip(memory.CATEGORIES, map(int, points[first])))
+        highest = dict(zip(memory.CATEGORIES, map(int, points.max(axis=0))))
+        flops = int(self._flops[0] + self._flops[1] * batch_size)
+        return StepMemory(int(totals[first]), split, highest, dict(self.start), device, constant, flops)
+
+    def largest_batch(self, limit, device=True):
+        """The largest micro-batch whose peak is at most `limit` bytes (0 if not even 1 fits).
+
+        device: judge by the device peak (StepMemory.device_peak_bytes), else
+        by memory.py's peak.
+        """
+        c0, c1 = self._constant if device else (0, 0)
+        a, k = (self._scratch if device else (self._points[0].sum(axis=1), self._points[1].sum(axis=1)))
+        a, k = a + c0, k + c1
+        grow = k > 0
+        if (a[~grow] + k[~grow] * self.batch > limit).any() or (a + k * self.batch > limit).any():
+            most = 0  # not even `batch` fits
+        else:
+            most = int(((limit - a[grow]) // k[grow]).min()) if grow.any() else 1 << 40
+        if most < self.batch:  # the sizes run apart
+            peak = (lambda s: s.device_peak_bytes) if device else (lambda s: s.peak_bytes)  # noqa: E731
+            most = max([b for b, step in self.below.items() if peak(step) <= limit], default=0)
+        return most
+
+
+def profile_gpt(config, seq_len, **kwargs):
+    """The step at every micro-batch (kwargs as gpt_step's, without batch_size): a StepProfile from two runs
+    on a GPU; on the CPU, where some ops work in pieces of a fixed size, a _Direct one."""
+    if kwargs.get("device", "cuda") == "cpu":
+        return _Direct(lambda b: gpt_step(config, b, seq_len, **kwargs))
+    one, two = gpt_step(config, 1, seq_len, **kwargs), gpt_step(config, 2, seq_len, **kwargs)
+    try:
+        return StepProfile(one, two)
+    except ValueError:  # 1 is not like the others (see StepProfile)
+        return StepProfile(two, gpt_step(config, 3, seq_len, **kwargs), batch=2, below={1: one})
+
+
+class _Direct:
+    """StepProfile's interface for a step that is not affine in the batch: each size asked is run."""
+
+    def __init__(self, run):
+        self._run, self._steps = run, {}
+        self.start = self.at(1).start
+
+    def at(self, batch_size):
+        if batch_size not in self._steps:
+            self._steps[batch_size] = self._run(batch_size)
+        return self._steps[batch_size]
+
+    def largest_batch(self, limit, device=True):
+        def fits(b):
+            step = self.at(b)
+            return (step.device_peak_bytes if device else step.peak_bytes) <= limit
+
+        if not fits(1):
+            return 0
+        low, high = 1, 2
+        while fits(high):  # double until one does not fit, then halve the gap
+            low, high = high, 2 * high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        return low
 
 
 # -- FLOPs ---------------------------------------------------------------------------------
@@ -225,8 +542,8 @@ def step_flops(config, batch_size, seq_len):
 
     Counted with ops/flops.py's op_flops on the shapes each op sees, as the
     bench counts a measured step's timeline; the backward is about twice the
-    forward. (What a checkpointed step recomputes is counted by step_memory's
-    walk, which follows the recompute's plan op by op.)
+    forward. (What a checkpointed step recomputes is counted as the step
+    runs: StepMemory.recomputed_flops.)
     """
     B, T, C, V = batch_size, seq_len, config.n_embd, config.vocab_size
     x = (B, T, C)
@@ -249,7 +566,7 @@ class StrategyFit:
     largest_micro_batch: int  # 0: not even one example fits
     micro_batch: int  # the micro-batch used: the largest that divides the batch per process and fits; 0: none
     accumulation_steps: int  # per process; 0 if it does not fit
-    memory: step_memory.StepMemory  # at micro_batch (at 1 if it does not fit)
+    memory: StepMemory  # at micro_batch (at 1 if it does not fit)
     recompute_ratio: float  # (3F + recomputed FLOPs) / 3F: the time a step takes, relative
     plan: Plan = None  # the planner's plan, for its row
 
@@ -299,7 +616,7 @@ class TrainingPlan:
 
 
 def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_memory="a100-80gb", dtype="float32",
-                  mixed_precision=None, processes=1, reserve_bytes=0, device="cuda", nested_plans=False,
+                  mixed_precision=None, processes=1, reserve_bytes=None, device="cuda", nested_plans=False,
                   planner_layers=24):
     """Will a GPT training step fit, with which technique? A TrainingPlan (print it for the table).
 
@@ -310,10 +627,11 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     processes). device_memory: a GPU preset (GPUS), bytes, or a size such as
     "24GiB". dtype, mixed_precision: see the module docstring. processes:
     data-parallel processes, each holding the whole model (distributed.py).
-    reserve_bytes: memory to keep free (CUDA context, allocator). device:
+    reserve_bytes: memory to keep free (CUDA context, allocator); default
+    DEFAULT_RESERVE (0.5 GiB) for a GPU preset, 0 for a size given. device:
     "cuda" (CuPy) or "cpu" (NumPy), where the arrays live. nested_plans: let
     the planner recompute some blocks more than once (slower to plan and to
-    walk). planner_layers: the planner may cut the chain every
+    run). planner_layers: the planner may cut the chain every
     ceil(n_layer / planner_layers) blocks (every block up to 24 blocks, every
     second for GPT-2 XL's 48): schedules.plan_checkpoints' search grows
     quickly with the number of places it may cut.
@@ -334,24 +652,27 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
                          "each process takes the same share")
     _positive_int("planner_layers", planner_layers)
     memory_bytes, label = device_memory_bytes(device_memory)
+    if reserve_bytes is None:  # a GPU preset: its CUDA context; a size given: taken as what the process can have
+        preset = isinstance(device_memory, str) and device_memory.strip().lower() in GPUS
+        reserve_bytes = DEFAULT_RESERVE if preset else 0
     if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, int) or not 0 <= reserve_bytes < memory_bytes:
         raise ValueError(f"reserve_bytes must be an integer from 0 to below the device memory ({memory_bytes}), "
                          f"got {reserve_bytes!r}")
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     prec = precision(dtype, mixed_precision)
-    parameters = sum(n for _, n in step_memory._parameters(config, 1))
+    parameters = sum(p.data.size for p in GPT(config, device="meta").parameters())
     plan = TrainingPlan(config, name, seq_len, effective_batch_size, processes, memory_bytes, label,
                         memory_bytes - reserve_bytes, prec, device, parameters)
-    walk = dict(itemsize=prec.itemsize, optimizer_bytes=prec.optimizer_bytes,
-                accumulation_itemsize=prec.accumulation_itemsize, device=device)
+    run = dict(dtype=prec.dtype, accumulation_dtype=prec.accumulation_dtype, device=device,
+               extra_optimizer_bytes=prec.extra_optimizer_bytes * parameters)
     forward, halves = step_flops(config, 1, seq_len)
     profiles = {}
     for key, label_, checkpointing in STRATEGIES:
-        profiles[key] = step_memory.profile_step(config, seq_len, **walk, **(checkpointing or {}))
+        profiles[key] = profile_gpt(config, seq_len, checkpointing=checkpointing, **run)
         recomputed = profiles[key].at(1).recomputed_flops  # what its recomputes run, per example
         plan.rows.append(_row(plan, key, label_, checkpointing, profiles[key], 1 + recomputed / (3 * forward)))
-    plan.rows.append(_planner_row(plan, walk, forward, halves, nested_plans, planner_layers, profiles["every"]))
+    plan.rows.append(_planner_row(plan, run, forward, halves, nested_plans, planner_layers, profiles["every"]))
     plan.recommendation = recommend(plan)
     return plan
 
@@ -369,17 +690,25 @@ def _largest_divisor(n, most):
 
 
 # -- the planner at the device's budget ----------------------------------------------------------
-def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
+def _planner_row(plan, run, forward, halves, nested, planner_layers, every):
     """The plan that recomputes least within the device's memory, at the largest micro-batch one fits.
 
-    The planner (schedules.plan_checkpoints) plans saved activations. It is
-    given the device's memory less the rest of the step (parameters,
-    gradients, optimizer state, buffers, what is in flight) as the every-block
-    walk finds it; the plan it returns is walked, and if the whole step does
-    not fit, its budget shrinks by the excess and it plans again. Its largest
-    micro-batch is the one its least-memory plan fits.
+    The planner (schedules.plan_checkpoints) plans saved activations from
+    their formulas (activations.py). It is given the device's memory less the
+    rest of the step (parameters, gradients, optimizer state, buffers, what
+    is in flight) as the every-block step holds it; the plan it returns is
+    run, and if the whole step does not fit, its budget shrinks by the excess
+    and it plans again. Its largest micro-batch is the one its least-memory
+    plan fits. Every block is a plan too: measured by the same run, the row
+    is the better of the two (a larger micro-batch, else less recompute, else
+    less memory), so "every block" never beats it on every count.
     """
-    config, T, f = plan.config, plan.seq_len, walk["itemsize"]
+    return _better_than_every(plan, _planned(plan, run, forward, halves, nested, planner_layers, every))
+
+
+def _planned(plan, run, forward, halves, nested, planner_layers, every):
+    """The planner's own row (see _planner_row)."""
+    config, T, f = plan.config, plan.seq_len, plan.precision.itemsize
     L = config.n_layer
     group = math.ceil(L / planner_layers)
     label = PLANNER if group == 1 else (PLANNER[0], f"{PLANNER[1]}, cuts every {group} blocks")
@@ -406,14 +735,14 @@ def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
     costs1, after1 = costs_at(1)
     least = plan_checkpoints(costs1, minimum_budget(costs1, nested, after1), nested, after1)
     least_segments = expand(least.segments)
-    profile = step_memory.profile_step(config, T, **walk, segments=least_segments)
+    profile = profile_gpt(config, T, checkpointing=dict(segments=least_segments), **run)
     largest = max(profile.largest_batch(plan.usable_bytes), none.largest_micro_batch)
     per = plan.batch_per_process
     for plan_b in sorted((d for d in range(1, min(per, largest) + 1) if per % d == 0), reverse=True):
         if none.largest_micro_batch >= plan_b:  # nothing to checkpoint: the planner stores every block
             stored = Plan([(0, L, False)], 0, 0.0)
             return _fixed(plan, label, None, none.memory if none.micro_batch == plan_b else
-                          step_memory.walk_step(config, plan_b, T, **walk), largest, plan_b, 1.0, stored)
+                          gpt_step(config, plan_b, T, **run), largest, plan_b, 1.0, stored)
         costs, after = costs_at(plan_b)
         at = every.at(plan_b)
         budget = plan.usable_bytes - (at.device_peak_bytes - at.highest["activations"])
@@ -423,7 +752,7 @@ def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
             except ValueError:
                 break
             segments = expand(found.segments)
-            memory = step_memory.walk_step(config, plan_b, T, **walk, segments=segments)
+            memory = gpt_step(config, plan_b, T, checkpointing=dict(segments=segments), **run)
             excess = memory.device_peak_bytes - plan.usable_bytes
             if excess <= 0:
                 found = Plan(segments, found.peak_bytes, found.recompute_seconds)
@@ -434,6 +763,18 @@ def _planner_row(plan, walk, forward, halves, nested, planner_layers, every):
     return _fixed(plan, label, dict(segments=least_segments), at_one, largest, 0,
                   1 + at_one.recomputed_flops / (3 * forward), Plan(least_segments, least.peak_bytes,
                                                                     least.recompute_seconds))
+
+
+def _better_than_every(plan, row):
+    """The planner's row, or every block's plan under the planner's name where that is better:
+    a larger micro-batch, else the same and less recompute, else the same and less memory."""
+    every = plan.row("every")
+    rank = lambda r: (r.micro_batch, r.largest_micro_batch, -r.recompute_ratio, -r.memory.device_peak_bytes)  # noqa: E731
+    if rank(every) <= rank(row):
+        return row
+    segments = [(i, i + 1, True) for i in range(plan.config.n_layer)]
+    return StrategyFit(row.key, row.label, every.checkpointing, every.largest_micro_batch, every.micro_batch,
+                       every.accumulation_steps, every.memory, every.recompute_ratio, Plan(segments, 0, 0.0))
 
 
 def _fixed(plan, key_label, checkpointing, memory, largest, micro, ratio, plan_):
@@ -558,8 +899,8 @@ def render(plan):
               "memory less the rest of the step (parameters, gradients, buffers, optimizer state): the plan that fits "
               "and recomputes least.",
               "time: a step's FLOPs with the recomputation over a step's without (about three forwards); "
-              "peaks are memory.py's count from the step_memory walk, exact for this engine "
-              + ("(float32/float64)." if prec.runs_here else "at 2 bytes per element (an estimate).")]
+              "peaks are memory.py's count of the step run on the meta device, exact for this engine "
+              + ("(float32/float64)." if prec.runs_here else "with a 16-bit model (an estimate of training in it).")]
     return "\n".join(lines)
 
 
@@ -573,7 +914,8 @@ effective batch, the recompute time; then the recommendation and its TrainingArg
   tinygrad-ckpt fit --model gpt2 --n-layer 24 --memory 24GiB --seq-len 512
   tinygrad-ckpt fit --model gpt2-large --memory t4 --dtype bfloat16 --mixed-precision
 
-GPUs: """ + ", ".join(GPUS) + """ (nominal sizes; see --reserve)."""
+GPUs: """ + ", ".join(GPUS) + """ (the total CUDA reports for each, less 0.5 GiB for the CUDA
+context: see --reserve)."""
 
 # The flag that sets each plan_training argument or GPTConfig field, for error messages.
 FLAGS = {"seq_len": "--seq-len", "effective_batch_size": "--effective-batch-size", "processes": "--processes",
@@ -606,8 +948,9 @@ def add_arguments(parser):
     hw = parser.add_argument_group("device")
     hw.add_argument("--memory", default="a100-80gb",
                     help="a GPU (" + ", ".join(GPUS) + "), or a size: 24GiB, 16GB, bytes (default: %(default)s)")
-    hw.add_argument("--reserve", default="0", metavar="SIZE",
-                    help="memory to keep free: the CUDA context, the allocator's overheads (default: 0)")
+    hw.add_argument("--reserve", default=None, metavar="SIZE",
+                    help="memory to keep free: the CUDA context, the allocator's overheads (default: 0.5 GiB for a "
+                         "GPU preset, 0 for a size)")
     hw.add_argument("--device", default="cuda",
                     help="cuda (CuPy) or cpu (NumPy): where the arrays live (default: %(default)s)")
     plan = parser.add_argument_group("planner")
@@ -630,8 +973,8 @@ def run(args):
         fields.update({"bias": False} if args.no_bias else {})
         fields.update({"tie_weights": False} if args.no_tie_weights else {})
         model = args.model if not fields else {**GPT2[args.model].__dict__, **fields}
-        reserve = 0
-        if args.reserve.strip() not in ("0", ""):
+        reserve = None if args.reserve is None else 0
+        if args.reserve is not None and args.reserve.strip() not in ("0", ""):
             if args.reserve.strip().lower() in GPUS:
                 raise ValueError(f"--reserve {args.reserve!r}: give a size such as 2GiB, 500MB or bytes")
             try:

@@ -109,8 +109,12 @@ def dropout(x, p=0.5, training=True, rng=None):
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0:
         return x
-    keep = numpy.asarray(random.generator(rng).random(x.shape, dtype=numpy.float32) >= p)  # 0-d: an array too
-    keep = backend.to_device(keep, x.device)
+    generator = random.generator(rng)
+    if backend.holds_values(x.device):
+        keep = numpy.asarray(generator.random(x.shape, dtype=numpy.float32) >= p)  # 0-d: an array too
+        keep = backend.to_device(keep, x.device)
+    else:  # the meta device: a mask with no values, nothing drawn
+        keep = backend.module_for(x.device).empty(x.shape, dtype=numpy.bool_)
     return nn.Dropout.apply(x, keep=keep, p=p)
 
 

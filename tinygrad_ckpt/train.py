@@ -451,13 +451,20 @@ class Trainer:
     callbacks: TrainerCallback objects (Hugging Face's name), called at each
     optimizer step's first micro-batch and after its update (the memory
     explorer's page of one step is one: bench.explorer.MemoryReport).
+    data_collator: makes a micro-batch (a dict of arrays) from a list of
+    examples; default data.collate (input_ids and labels, padded).
+    compute_loss_func: for a model that is not a language model,
+    f(model, batch) -> (the SUM of the batch's losses as a scalar Tensor,
+    the number of items it sums); default compute_loss's GPT loss.
     """
 
     def __init__(self, model, args, train_dataset, eval_dataset=None, tokenizer=None, distributed=None,
-                 callbacks=None):
+                 callbacks=None, data_collator=None, compute_loss_func=None):
         if not isinstance(args, TrainingArguments):
             raise TypeError(f"args must be a TrainingArguments, got {type(args).__name__}")
         self.model, self.args, self.tokenizer = model, args, tokenizer
+        self.data_collator = data_collator or collate
+        self.compute_loss_func = compute_loss_func
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.callbacks = list(callbacks or ())
         B = args.per_device_train_batch_size
@@ -514,8 +521,11 @@ class Trainer:
         """(sum of the per-token losses as a scalar Tensor, number of tokens counted).
 
         The SUM, not the mean: the accumulator divides once by the tokens of
-        the whole effective batch (see accumulate.py for why).
+        the whole effective batch (see accumulate.py for why). With a
+        compute_loss_func, that function's (sum, items) for (model, batch).
         """
+        if self.compute_loss_func is not None:
+            return self.compute_loss_func(self.model, batch)
         input_ids, labels = batch["input_ids"], batch["labels"]
         logits, _ = self.model(input_ids)  # (B, T, vocab)
         vocab = logits.shape[-1]
@@ -530,7 +540,7 @@ class Trainer:
         return F.cross_entropy(logits, targets, reduction="sum"), int(counted.sum())
 
     def _micro_batch(self, indices, dataset):
-        return collate([dataset[int(i)] for i in indices])
+        return self.data_collator([dataset[int(i)] for i in indices])
 
     # -- the loop -----------------------------------------------------------------
     def train(self, resume_from_checkpoint=None):
@@ -609,7 +619,7 @@ class Trainer:
                     loss.backward()  # ... then backward at once: this micro-batch's activations are freed
                     step["loss"] += loss.item()
                     step["items"] += items
-                    step["tokens"] += batch["input_ids"].size
+                    step["tokens"] += batch["input_ids"].size if "input_ids" in batch else items
                     del loss
                 if not acc.accumulate(items, end_of_data=(m == n_micro - 1)):
                     continue

@@ -27,16 +27,25 @@ from ..tensor import Tensor
 from .module import Module, Parameter
 
 
+def _parameter(draw, shape, dtype, device):
+    """A Parameter of the values draw() makes on the host; on a device that holds no values
+    (the meta device) nothing is drawn: an empty array of the shape."""
+    device = backend.get_default_device() if device is None else device
+    if not backend.holds_values(device):
+        return Parameter(backend.module_for(device).empty(shape, dtype))
+    return Parameter(draw(), dtype=dtype, device=device)
+
+
 def _uniform(rng, shape, bound, dtype, device):
-    return Parameter(rng.uniform(-bound, bound, size=shape), dtype=dtype, device=device)
+    return _parameter(lambda: rng.uniform(-bound, bound, size=shape), shape, dtype, device)
 
 
 def _normal(rng, shape, std, dtype, device):
-    return Parameter(rng.standard_normal(shape) * std, dtype=dtype, device=device)
+    return _parameter(lambda: rng.standard_normal(shape) * std, shape, dtype, device)
 
 
 def _constant(value, shape, dtype, device):
-    return Parameter(numpy.full(shape, value, dtype=dtype), device=device)
+    return _parameter(lambda: numpy.full(shape, value, dtype=dtype), shape, dtype, device)
 
 
 class Linear(Module):

@@ -14,7 +14,7 @@ its backward reads, and skips saving for inputs that need no gradient.
 
 import numpy
 
-from ..backend import array_module, as_array, device_of, unbroadcast
+from ..backend import array_module, as_array, on_cpu, unbroadcast
 from ..function import Function
 
 
@@ -389,7 +389,7 @@ class GELU(Function):
         dx = xp.empty(x.shape, dtype=x.dtype)
         flat_x, flat_g, flat_dx = x.reshape(-1), g.reshape(-1), dx.reshape(-1)  # views
         # On a GPU one piece: there each step is a kernel launch, and launches cost.
-        piece = _GELU_PIECE if device_of(x) == "cpu" else max(x.size, 1)
+        piece = _GELU_PIECE if on_cpu(x) else max(x.size, 1)
         for i in range(0, x.size, piece):
             _gelu_backward(xp, flat_x[i:i + piece], flat_g[i:i + piece], flat_dx[i:i + piece])
         return dx

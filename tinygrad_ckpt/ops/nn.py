@@ -9,7 +9,7 @@ memory and a naive one, and why the saved-bytes figures match PyTorch's.
 
 import numpy
 
-from ..backend import array_module, as_array, device_of
+from ..backend import array_module, as_array, on_cpu
 from ..function import Function
 from .axes import normalize_axis
 
@@ -144,7 +144,7 @@ class CrossEntropy(Function):
         # log(sum(exp)) per row, a block of rows at a time: the exponentials never take an
         # array the size of the logits (the end of the forward, here, is often the step's peak).
         lse = xp.empty((n, 1), dtype=logp.dtype)
-        rows = max(1, BLOCK_ELEMENTS // max(classes, 1)) if device_of(logits) == "cpu" else max(n, 1)
+        rows = max(1, BLOCK_ELEMENTS // max(classes, 1)) if on_cpu(logits) else max(n, 1)
         for start in range(0, n, rows):
             lse[start:start + rows] = xp.exp(logp[start:start + rows]).sum(axis=1, keepdims=True)
         logp -= xp.log(lse, out=lse)  # in place: log-probabilities

@@ -1,0 +1,751 @@
+"""The meta device: arrays with a shape, a dtype and a layout, and no data.
+
+To know what a training step will hold, run the same code on arrays that
+have no data. That is how PyTorch answers it (tensors on its "meta" device,
+FakeTensor) and JAX (`jax.eval_shape`); here it is a third array module
+beside NumPy and CuPy, plugged in through the backend's seam as the strict
+CuPy stand-in is:
+
+    from tinygrad_ckpt import meta      # installs device="meta"
+    model = GPT(config, device="meta")  # parameters with no values: nothing drawn
+    with meta.counting() as count:
+        Trainer(model, args, data).train()
+    count.peak                          # the highest live bytes of the step
+
+Every array the engine makes passes through this module (an op's scratch
+arrays too: the `tmp` in `tmp = a * b; return tmp + c`), so its count of
+live bytes is the device's, by construction. memory.py counts meta arrays
+by category exactly as it counts real ones.
+
+What an array is here: shape, dtype, strides and, for a view, the array
+that owns its memory (`base`), following NumPy's rules, because a view
+costs nothing and a copy costs its bytes:
+
+  * a slice, a transpose, `[..., None]` and `broadcast_to` are views;
+  * a reshape is a view where NumPy can do it without copying (asked of
+    NumPy itself, on a stand-in array with the same strides and no data),
+    else a copy: heads merged back after a transpose copy unless T, nh
+    or hs is 1;
+  * every other result is new memory, laid out as NumPy lays it out
+    (elementwise results follow their inputs' order, as NumPy's "K" order).
+
+dtypes follow NumPy's promotion: each elementwise function asks NumPy's
+ufunc which dtype it would return (`ufunc.resolve_dtypes`).
+
+What needs values cannot run here, and says so (`NeedsValues`): float(),
+bool(), int(), .item() and indexing with a boolean mask. The one way out,
+an explicit copy to the host (`get()`, backend.to_host), has a stated
+rule: **values read back from the meta device are zeros**. For a training
+step that means: the loss printed is 0; the step is finite, so it is taken;
+the gradient norm is 0, so clipping leaves the gradients as they are (its
+other branch scales them in place, which allocates nothing either).
+Random draws make nothing to draw from: on the meta device `random`
+functions of the engine return arrays without values (backend.holds_values).
+
+`like` says which device the meta device stands in for: "cuda" (the
+default: a GPU, where a host array brought over is a copy, and CuPy's
+einsum and batched matmul may copy their operands, counted here as a
+bound) or "cpu" (NumPy: some ops work in pieces, and a host array brought
+over is the device's own, counted from then on for as long as it lives).
+
+What does not live here: the accounting by category (memory.py), the
+questions asked of a step (fit.py).
+"""
+
+import builtins
+import math
+import numbers
+import sys
+import weakref
+import array as _array
+from collections import namedtuple
+from contextlib import contextmanager
+
+import numpy
+from numpy.lib.stride_tricks import as_strided
+
+from . import backend
+
+dtype = numpy.dtype
+bool_, int8, int32, int64, uint8 = numpy.bool_, numpy.int8, numpy.int32, numpy.int64, numpy.uint8
+float16, float32, float64 = numpy.float16, numpy.float32, numpy.float64
+newaxis, pi, e, inf, nan = None, numpy.pi, numpy.e, numpy.inf, numpy.nan
+
+like = "cuda"  # the device the meta device stands in for: "cuda" or "cpu" (see the module docstring)
+
+
+class NeedsValues(RuntimeError):
+    """An operation that would need an array's values, asked of an array that has none."""
+
+
+def _needs_values(what):
+    return NeedsValues(
+        f"{what} needs the array's values, and a meta array has none (it has a shape and a dtype). "
+        "Code run on device='meta' must not branch on values; an explicit copy to the host "
+        "(backend.to_host) reads zeros")
+
+
+# -- the count of live bytes -------------------------------------------------------
+class Count:
+    """Live bytes of meta arrays, their highest point, and (if asked) the live bytes after every allocation."""
+
+    def __init__(self, points=False):
+        self.live = 0  # bytes
+        self.peak = 0
+        self.points = _array.array("q") if points else None
+
+    def reset_peak(self):
+        self.peak = self.live
+        if self.points is not None:
+            self.points = _array.array("q")
+
+
+count = Count()
+
+
+@contextmanager
+def counting(points=False, stands_in_for=None):
+    """A fresh Count for the meta arrays made inside (arrays made before are not in it).
+
+    points: keep the live bytes after every allocation (Count.points).
+    stands_in_for: "cuda" or "cpu" for the meta device inside (see `like`).
+    """
+    global count, like
+    previous = count, like
+    count = Count(points)
+    like = stands_in_for or like
+    try:
+        yield count
+    finally:
+        count, like = previous
+
+
+# -- the array -------------------------------------------------------------------------
+def _contiguous(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= builtins.max(n, 1)
+    return tuple(reversed(strides))
+
+
+class ndarray:
+    """A shape, a dtype, strides and, for a view, the array owning the memory (`base`). No data."""
+
+    __slots__ = ("shape", "dtype", "strides", "base", "nbytes", "contiguous", "_count", "__weakref__")
+    __array_ufunc__ = None  # NumPy's operators defer to ours
+    __hash__ = None
+
+    def __init__(self, shape, dtype, strides=None, base=None):
+        self._count = None
+        self.shape = shape if type(shape) is tuple else tuple(int(n) for n in shape)
+        self.dtype = dtype if type(dtype) is numpy.dtype else numpy.dtype(dtype)  # noqa: E721 (exactly a dtype)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        if strides is None:
+            self.strides, self.contiguous = _contiguous(self.shape, self.dtype.itemsize), True
+        else:
+            self.strides = tuple(strides)
+            self.contiguous = all(s == c or n == 1 for s, c, n in
+                                  zip(self.strides, _contiguous(self.shape, self.dtype.itemsize), self.shape))
+        self.base = base
+        if base is None:  # new memory: counted until the array is freed
+            self._count = count
+            count.live += self.nbytes
+            if count.live > count.peak:
+                count.peak = count.live
+            if count.points is not None:
+                count.points.append(count.live)
+
+    def __del__(self):
+        if self._count is not None:
+            self._count.live -= self.nbytes
+
+    # -- what it is ------------------------------------------------------------
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
+    itemsize = property(lambda self: self.dtype.itemsize)
+    T = property(lambda self: self.transpose())
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self):
+        return f"meta.ndarray(shape={self.shape}, dtype={self.dtype})"
+
+    # -- values: none ------------------------------------------------------------
+    def __bool__(self):
+        raise _needs_values("bool()")
+
+    def __float__(self):
+        raise _needs_values("float()")
+
+    def __int__(self):
+        raise _needs_values("int()")
+
+    def __index__(self):
+        raise _needs_values("using it as a Python integer")
+
+    def item(self):
+        raise _needs_values(".item()")
+
+    def tolist(self):
+        raise _needs_values(".tolist()")
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("a meta array has no values to give NumPy; copy it explicitly with backend.to_host "
+                        "(which reads zeros)")
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise TypeError(f"numpy.{func.__name__} was applied to a meta array: use the array module of the "
+                        f"inputs, xp = backend.array_module(array); xp.{func.__name__}(...)")
+
+    def get(self, stream=None):
+        """The explicit copy to the host: zeros of this shape and dtype (the meta device's rule)."""
+        return numpy.zeros(self.shape, self.dtype)
+
+    # -- views, as NumPy makes them ----------------------------------------------
+    def _layout(self):
+        """A NumPy array with this array's shape and strides over one element: views and
+        reshapes may be asked of it (they never read), nothing else."""
+        return as_strided(numpy.zeros(1, self.dtype), self.shape, self.strides, writeable=False)
+
+    def _view(self, layout):
+        return ndarray(layout.shape, self.dtype, layout.strides, self.base if self.base is not None else self)
+
+    def reshape(self, *shape, order="C"):
+        shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], numbers.Integral) else shape
+        shape = _resolve_shape(tuple(int(n) for n in shape), self.size)
+        try:
+            return self._view(self._layout().reshape(shape, order=order, copy=False))
+        except ValueError:  # NumPy would copy
+            return ndarray(shape, self.dtype)
+
+    def ravel(self):
+        return self.reshape(-1)
+
+    def transpose(self, *axes):
+        if len(axes) == 1 and not isinstance(axes[0], numbers.Integral):
+            axes = axes[0]
+        return self._view(self._layout().transpose(None if axes is None or len(axes) == 0 else tuple(axes)))
+
+    def swapaxes(self, axis1, axis2):
+        return self._view(self._layout().swapaxes(axis1, axis2))
+
+    def squeeze(self, axis=None):
+        return self._view(self._layout().squeeze(axis))
+
+    def __getitem__(self, index):
+        if _is_basic(index):
+            return self._view(self._layout()[index])
+        return ndarray(_advanced_shape(self.shape, index), self.dtype)
+
+    def __setitem__(self, index, value):
+        target = self[index].shape if _is_basic(index) else _advanced_shape(self.shape, index)
+        _check_fits(value, target, self.dtype, "assigning into a meta array")
+
+    # -- copies ----------------------------------------------------------------
+    def copy(self, order="C"):
+        return ndarray(self.shape, self.dtype)
+
+    def astype(self, dtype, copy=True):
+        if not copy and self.dtype == numpy.dtype(dtype):
+            return self
+        return ndarray(self.shape, dtype, _keep_order([self], self.shape, numpy.dtype(dtype).itemsize))
+
+    def fill(self, value):
+        pass
+
+    # -- reductions ------------------------------------------------------------------
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+        return _reduce(self, "sum", axis, dtype, out, keepdims)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        return _reduce(self, "mean", axis, dtype, out, keepdims)
+
+    def var(self, axis=None, dtype=None, out=None, keepdims=False):
+        scratch = ndarray(self.shape, _reduced_dtype("mean", self.dtype, dtype))  # NumPy's x - mean  # noqa: F841
+        return _reduce(self, "var", axis, dtype, out, keepdims)
+
+    def max(self, axis=None, out=None, keepdims=False):
+        return _reduce(self, "max", axis, None, out, keepdims)
+
+    def min(self, axis=None, out=None, keepdims=False):
+        return _reduce(self, "min", axis, None, out, keepdims)
+
+    def argmax(self, axis=None, out=None):
+        return _reduce(self, "argmax", axis, None, out, False)
+
+    def argmin(self, axis=None, out=None):
+        return _reduce(self, "argmin", axis, None, out, False)
+
+    def any(self, axis=None, out=None, keepdims=False):
+        return _reduce(self, "any", axis, None, out, keepdims)
+
+    def all(self, axis=None, out=None, keepdims=False):
+        return _reduce(self, "all", axis, None, out, keepdims)
+
+    # -- operators: NumPy's ufuncs on shapes and dtypes ---------------------------
+    def __neg__(self):
+        return _ufunc(numpy.negative, self)
+
+    def __pos__(self):
+        return _ufunc(numpy.positive, self)
+
+    def __abs__(self):
+        return _ufunc(numpy.absolute, self)
+
+    def __invert__(self):
+        return _ufunc(numpy.invert, self)
+
+    def __matmul__(self, other):
+        return matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return matmul(other, self)
+
+
+def _binary(ufunc, reflected=False):
+    def method(self, other):
+        if not _is_operand(other):
+            return NotImplemented  # e.g. a Tensor: let its reflected operator run
+        return _ufunc(ufunc, other, self) if reflected else _ufunc(ufunc, self, other)
+
+    return method
+
+
+def _inplace(ufunc):
+    def method(self, other):
+        if not _is_operand(other):
+            return NotImplemented
+        _ufunc(ufunc, self, other, out=self)
+        return self
+
+    return method
+
+
+for _name, _uf in (("add", numpy.add), ("sub", numpy.subtract), ("mul", numpy.multiply),
+                   ("truediv", numpy.true_divide), ("floordiv", numpy.floor_divide), ("mod", numpy.remainder),
+                   ("pow", numpy.power), ("and", numpy.bitwise_and), ("or", numpy.bitwise_or),
+                   ("xor", numpy.bitwise_xor)):
+    setattr(ndarray, f"__{_name}__", _binary(_uf))
+    setattr(ndarray, f"__r{_name}__", _binary(_uf, reflected=True))
+    setattr(ndarray, f"__i{_name}__", _inplace(_uf))
+for _name, _uf in (("eq", numpy.equal), ("ne", numpy.not_equal), ("lt", numpy.less), ("le", numpy.less_equal),
+                   ("gt", numpy.greater), ("ge", numpy.greater_equal)):
+    setattr(ndarray, f"__{_name}__", _binary(_uf))
+
+
+# -- the rules: shapes, dtypes, layouts ------------------------------------------------
+def _is_operand(x):
+    return isinstance(x, (ndarray, numbers.Number, numpy.generic))
+
+
+def _operand_dtype(x):
+    """What NumPy's promotion sees: an array's dtype, a NumPy scalar's, or a Python number's type (weak)."""
+    if isinstance(x, ndarray):
+        return x.dtype
+    if isinstance(x, numpy.generic):
+        return x.dtype
+    if isinstance(x, bool):
+        return numpy.dtype(bool)
+    if isinstance(x, numbers.Number):
+        return type(x) if type(x) in (int, float, complex) else numpy.asarray(x).dtype
+    if isinstance(x, numpy.ndarray):
+        raise TypeError("a NumPy (host) array was mixed with a meta array: copy it over first, "
+                        "backend.to_device(array, 'meta')")
+    raise TypeError(f"a meta array cannot be combined with {type(x).__name__}")
+
+
+def _shape(x):
+    return x.shape if isinstance(x, ndarray) else ()
+
+
+_RESOLVED = {}  # (ufunc, input dtypes) -> the result's dtype, asked of NumPy once
+
+
+def _ufunc(ufunc, *inputs, out=None):
+    """Run `ufunc` on shapes: NumPy's broadcasting, NumPy's dtype, a new array in NumPy's order (or `out`)."""
+    shapes = [x.shape for x in inputs if type(x) is ndarray]
+    shape = shapes[0] if shapes and all(s == shapes[0] for s in shapes) else _broadcast(*map(_shape, inputs))
+    key = (ufunc,) + tuple(_operand_dtype(x) for x in inputs)
+    result = _RESOLVED.get(key)
+    if result is None:
+        result = _RESOLVED[key] = ufunc.resolve_dtypes(key[1:] + (None,))[-1]
+    if out is not None:
+        if type(out) is not ndarray:
+            raise TypeError("out= must be a meta array")
+        _check_fits(shape, out.shape, out.dtype, f"numpy.{ufunc.__name__}(..., out=)", result)
+        return out
+    arrays = [x for x in inputs if type(x) is ndarray]
+    return ndarray(shape, result, _keep_order(arrays, shape, result.itemsize))
+
+
+def _broadcast(*shapes):
+    try:
+        return numpy.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError(f"operands could not be broadcast together with shapes {' '.join(map(str, shapes))}") from None
+
+
+def _check_fits(value, target, target_dtype, what, value_dtype=None):
+    """value (an array, a number, or a shape) broadcasts to `target` and casts to its dtype as NumPy allows."""
+    shape = value if isinstance(value, tuple) else _shape(value)
+    if shape != target and _broadcast(shape, target) != tuple(target):
+        raise ValueError(f"{what}: shape {shape} does not broadcast to {tuple(target)}")
+    source = value_dtype if value_dtype is not None else (
+        value.dtype if isinstance(value, (ndarray, numpy.generic)) else None)
+    if source is not None and not numpy.can_cast(source, target_dtype, "same_kind"):
+        raise TypeError(f"{what}: cannot cast {source} to {target_dtype} (NumPy's same_kind rule)")
+
+
+def _keep_order(arrays, shape, itemsize):
+    """The strides NumPy gives a new array of `shape` made from `arrays` (its "K" order: the inputs' axis order).
+
+    NumPy's iterator sorts the axes by the inputs' strides. Asked of NumPy itself,
+    on stand-ins of at most two elements per axis with the inputs' strides.
+    """
+    if len(shape) < 2 or all(a.contiguous for a in arrays if a.shape == shape):
+        return None  # C order, the common case
+    small = tuple(min(n, 2) for n in shape)
+    stand_ins = []
+    for a in arrays:
+        lead = len(shape) - a.ndim
+        sub = tuple(1 if a.shape[i] == 1 else small[lead + i] for i in range(a.ndim))
+        stand_ins.append(as_strided(numpy.zeros(1, a.dtype), sub, a.strides, writeable=False))
+    it = numpy.nditer(stand_ins + [None], flags=["zerosize_ok", "refs_ok"], order="K",
+                      op_flags=[["readonly"]] * len(stand_ins) + [["writeonly", "allocate"]],
+                      op_dtypes=[a.dtype for a in stand_ins] + [numpy.dtype(numpy.uint8)])
+    order = sorted(range(len(shape)), key=lambda i: -it.operands[-1].strides[i])
+    strides, step = [0] * len(shape), itemsize
+    for i in reversed(order):
+        strides[i] = step
+        step *= builtins.max(shape[i], 1)
+    return tuple(strides)
+
+
+def _resolve_shape(shape, size):
+    """NumPy's reshape target: one -1 filled in; an error, in NumPy's words, if the sizes differ."""
+    known = math.prod(n for n in shape if n != -1)
+    if shape.count(-1) == 1 and known and size % known == 0:
+        shape = tuple(size // known if n == -1 else n for n in shape)
+    if math.prod(shape) != size or -1 in shape:
+        raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
+    return shape
+
+
+def _is_basic(index):
+    """An index of ints, slices, None and Ellipsis only: NumPy returns a view."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(i, (numbers.Integral, slice)) or i is None or i is Ellipsis for i in items)
+
+
+def _advanced_shape(shape, index):
+    """The shape of x[index] with integer index arrays, asked of NumPy on stand-ins that read one element."""
+    items = index if isinstance(index, tuple) else (index,)
+    stand_ins = []
+    for i in items:
+        if isinstance(i, ndarray):
+            if i.dtype == numpy.bool_:
+                raise _needs_values("indexing with a boolean mask (the result's size is the count of True)")
+            i = numpy.broadcast_to(numpy.zeros((), i.dtype), i.shape)
+        elif isinstance(i, (numpy.ndarray, list)):
+            raise TypeError("a host index was used on a meta array: copy it over first, "
+                            "backend.to_device(index, 'meta')")
+        stand_ins.append(i)
+    x = numpy.broadcast_to(numpy.zeros((), numpy.uint8), shape)
+    return x[tuple(stand_ins)].shape
+
+
+_REDUCED = {}  # (name, dtype, dtype=) -> the result's dtype, asked of NumPy once
+
+
+def _reduced_dtype(name, source, requested):
+    key = (name, source, requested)
+    if key not in _REDUCED:
+        tiny = numpy.zeros(1, source)
+        kwargs = {"dtype": requested} if requested is not None else {}
+        _REDUCED[key] = numpy.asarray(getattr(tiny, name)(**kwargs)).dtype
+    return _REDUCED[key]
+
+
+def _reduce(a, name, axis, dtype, out, keepdims):
+    axes = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    axes = {_axis(i, a.ndim) for i in axes}
+    shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape) if keepdims or i not in axes)
+    result = _reduced_dtype(name, a.dtype, dtype)
+    if out is not None:
+        _check_fits(shape, out.shape, out.dtype, f"{name}(..., out=)", result)
+        return out
+    kept = [i for i in range(a.ndim) if keepdims or i not in axes]
+    source = _Layout(shape, tuple(0 if i in axes else a.strides[i] for i in kept), a.dtype)  # for NumPy's "K" order
+    return ndarray(shape, result, _keep_order([source], shape, result.itemsize) if shape else None)
+
+
+class _Layout(namedtuple("_Layout", "shape strides dtype")):
+    """A shape, strides and dtype that are no array (nothing is counted): what _keep_order reads."""
+
+    ndim = property(lambda self: len(self.shape))
+    itemsize = property(lambda self: self.dtype.itemsize)
+    contiguous = property(lambda self: all(s == c or n == 1 for s, c, n in zip(
+        self.strides, _contiguous(self.shape, self.dtype.itemsize), self.shape)))
+
+
+def _axis(i, ndim):
+    if not -ndim <= i < builtins.max(ndim, 1):
+        raise numpy.exceptions.AxisError(i, ndim)
+    return i % ndim if ndim else 0
+
+
+# -- creation ----------------------------------------------------------------------------
+def _tuple(shape):
+    return (int(shape),) if isinstance(shape, numbers.Integral) else tuple(int(n) for n in shape)
+
+
+def empty(shape, dtype=float):
+    return ndarray(_tuple(shape), dtype)
+
+
+zeros = ones = empty
+
+
+def full(shape, fill_value, dtype=None):
+    return ndarray(_tuple(shape), dtype if dtype is not None else numpy.asarray(fill_value).dtype)
+
+
+def empty_like(a, dtype=None):
+    return ndarray(a.shape, a.dtype if dtype is None else dtype)
+
+
+zeros_like = ones_like = empty_like
+
+
+def full_like(a, fill_value, dtype=None):
+    return empty_like(a, dtype)
+
+
+def arange(start, stop=None, step=1, dtype=None):
+    start, stop = (0, start) if stop is None else (start, stop)
+    n = builtins.max(0, math.ceil((stop - start) / step))
+    return ndarray((n,), dtype if dtype is not None else numpy.result_type(start, stop, step))
+
+
+def eye(n, m=None, k=0, dtype=float):
+    return ndarray((n, n if m is None else m), dtype)
+
+
+def tril(m, k=0):
+    return ndarray(m.shape, m.dtype)
+
+
+triu = tril
+
+
+_stand_ins = {}  # id(host array) -> its meta array, while the host array lives (standing in for the CPU)
+
+
+def asarray(a, dtype=None):
+    """`a` on the meta device: a meta array as it is; host data as an array of its shape, no values kept.
+
+    Standing in for a GPU, that is a copy, new memory. Standing in for the CPU,
+    where a NumPy array is already on the device, it is the host array's
+    stand-in: the same one each time, alive as long as the host array is.
+    """
+    if isinstance(a, ndarray):
+        return a if dtype is None else a.astype(dtype, copy=False)
+    host = numpy.asarray(a, dtype=dtype)
+    if like == "cpu" and host is a:
+        if id(a) not in _stand_ins:
+            _stand_ins[id(a)] = ndarray(a.shape, a.dtype)
+            weakref.finalize(a, _stand_ins.pop, id(a), None)
+        return _stand_ins[id(a)]
+    return ndarray(host.shape, host.dtype)
+
+
+def has_stand_in(host):
+    """True if the host array has been brought to the meta device standing in for the CPU (it is counted there)."""
+    return id(host) in _stand_ins
+
+
+def array(obj, dtype=None, copy=True):
+    if isinstance(obj, ndarray):
+        return obj.astype(obj.dtype if dtype is None else dtype, copy=copy)
+    return asarray(obj, dtype)
+
+
+def asnumpy(a):
+    return a.get() if isinstance(a, ndarray) else numpy.asarray(a)
+
+
+# -- elementwise -------------------------------------------------------------------------
+def _one_input(ufunc):
+    def function(x, out=None):
+        return _ufunc(ufunc, x, out=out)
+
+    function.__name__ = ufunc.__name__
+    return function
+
+
+def _two_inputs(ufunc):
+    def function(a, b, out=None):
+        return _ufunc(ufunc, a, b, out=out)
+
+    function.__name__ = ufunc.__name__
+    return function
+
+
+exp, log, tanh, sqrt, sign = map(_one_input, (numpy.exp, numpy.log, numpy.tanh, numpy.sqrt, numpy.sign))
+abs, isfinite, isnan, negative = map(_one_input, (numpy.absolute, numpy.isfinite, numpy.isnan, numpy.negative))  # noqa: A001
+multiply, maximum, minimum = map(_two_inputs, (numpy.multiply, numpy.maximum, numpy.minimum))
+
+
+def clip(a, a_min, a_max):
+    return _ufunc(numpy.clip, a, a_min, a_max)
+
+
+def where(condition, a, b):
+    shape = numpy.broadcast_shapes(_shape(condition), _shape(a), _shape(b))
+    result = numpy.result_type(*(numpy.dtype(_operand_dtype(x)) if isinstance(x, ndarray) else x for x in (a, b)))
+    return ndarray(shape, result, _keep_order([x for x in (condition, a, b) if isinstance(x, ndarray)], shape,
+                                              result.itemsize))
+
+
+def copyto(dst, src, casting="same_kind", where=True):
+    _check_fits(src, dst.shape, dst.dtype, "copyto")
+
+
+class _Add:
+    """add(a, b), and add.at(target, index, values): in place, nothing new."""
+
+    def __call__(self, a, b, out=None):
+        return _ufunc(numpy.add, a, b, out=out)
+
+    def at(self, target, index, values):
+        pass
+
+
+add = _Add()
+
+
+# -- products ----------------------------------------------------------------------------
+def _cuda_copies(arrays):
+    """CuPy's einsum and batched matmul may copy operands that are not C-contiguous: counted as scratch
+    (a bound) when the meta device stands in for a GPU. The copies go when the call returns."""
+    return [ndarray(a.shape, a.dtype) for a in arrays if like == "cuda" and not a.contiguous]
+
+
+def matmul(a, b, out=None):
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul: Input operand does not have enough dimensions")
+    m = a.shape[-2:-1] if a.ndim > 1 else ()
+    n = b.shape[-1:] if b.ndim > 1 else ()
+    k_a, k_b = a.shape[-1], (b.shape[-2] if b.ndim > 1 else b.shape[0])
+    if k_a != k_b:
+        raise ValueError(f"matmul: mismatch in its core dimension ({k_a} is not {k_b}), shapes {a.shape} and {b.shape}")
+    batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    result = numpy.matmul.resolve_dtypes((a.dtype, b.dtype, None))[-1]
+    copies = _cuda_copies([a, b])  # noqa: F841 (alive until the product is made)
+    if out is not None:
+        return out
+    return ndarray(batch + m + n, result)
+
+
+def vdot(a, b):
+    return ndarray((), numpy.result_type(a.dtype, b.dtype))
+
+
+def einsum(subscripts, *operands):
+    """numpy.einsum with explicit output ("...i,...i->..."): the output's shape from the letters."""
+    if "->" not in subscripts:
+        raise NotImplementedError("meta.einsum needs an explicit output ('ij,jk->ik')")
+    inputs, output = subscripts.replace(" ", "").split("->")
+    sizes, ellipsis = {}, []
+    for letters, a in zip(inputs.split(","), operands):
+        dims = list(a.shape)
+        if "..." in letters:
+            before, after = letters.split("...")
+            ellipsis.append(tuple(dims[len(before):len(dims) - len(after)]))
+            letters, dims = before + after, dims[:len(before)] + dims[len(dims) - len(after):]
+        for letter, n in zip(letters, dims):
+            if sizes.get(letter, n) != n and 1 not in (n, sizes[letter]):
+                raise ValueError(f"einsum: operands could not be broadcast together on {letter!r}")
+            sizes[letter] = builtins.max(n, sizes.get(letter, n))
+    broadcast = numpy.broadcast_shapes(*ellipsis) if ellipsis else ()
+    shape = []
+    for part in output.split("..."):
+        shape.append(tuple(sizes[letter] for letter in part))
+    shape = shape[0] + broadcast + shape[1] if "..." in output else shape[0]
+    copies = _cuda_copies(operands)  # noqa: F841
+    products = ndarray(numpy.broadcast_shapes(*(o.shape for o in operands)), operands[0].dtype) \
+        if like == "cuda" and len(operands) > 1 and operands[0].ndim == operands[1].ndim else None  # noqa: F841
+    return ndarray(shape, numpy.result_type(*(o.dtype for o in operands)))
+
+
+# -- shapes -------------------------------------------------------------------------------
+def sum(a, axis=None, dtype=None, keepdims=False):  # noqa: A001
+    return a.sum(axis=axis, dtype=dtype, keepdims=keepdims)
+
+
+def mean(a, axis=None, dtype=None, keepdims=False):
+    return a.mean(axis=axis, dtype=dtype, keepdims=keepdims)
+
+
+def max(a, axis=None, keepdims=False):  # noqa: A001
+    return a.max(axis=axis, keepdims=keepdims)
+
+
+def argmax(a, axis=None):
+    return a.argmax(axis=axis)
+
+
+def reshape(a, shape):
+    return a.reshape(shape)
+
+
+def transpose(a, axes=None):
+    return a.transpose(axes)
+
+
+def swapaxes(a, axis1, axis2):
+    return a.swapaxes(axis1, axis2)
+
+
+def broadcast_to(a, shape):
+    return a._view(numpy.broadcast_to(a._layout(), shape))
+
+
+def expand_dims(a, axis):
+    return a._view(numpy.expand_dims(a._layout(), axis))
+
+
+def concatenate(arrays, axis=0):
+    shape = list(arrays[0].shape)
+    axis = _axis(axis, len(shape))
+    shape[axis] = builtins.sum(a.shape[axis] for a in arrays)
+    return ndarray(shape, numpy.result_type(*(a.dtype for a in arrays)))
+
+
+def stack(arrays, axis=0):
+    shape = list(arrays[0].shape)
+    shape.insert(_axis(axis, len(shape) + 1), len(arrays))
+    return ndarray(shape, numpy.result_type(*(a.dtype for a in arrays)))
+
+
+def get_default_memory_pool():
+    """CuPy's pool, as far as the meta device has one: its live bytes."""
+    return _Pool()
+
+
+class _Pool:
+    def used_bytes(self):
+        return count.live
+
+    def free_all_blocks(self):
+        pass
+
+
+backend.set_device_module("meta", sys.modules[__name__])
