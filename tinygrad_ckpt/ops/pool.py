@@ -18,10 +18,9 @@ def _options(op, kernel_size, stride, padding, dilation):
     kernel = pair(op, "kernel_size", kernel_size, 1)
     stride = kernel if stride is None else pair(op, "stride", stride, 1)
     padding, dilation = pair(op, "padding", padding, 0), pair(op, "dilation", dilation, 1)
-    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
-    if any(2 * p > s for p, s in zip(padding, spans)):  # else a window could hold padding only
-        raise ValueError(f"{op}: padding should be at most half of the (dilated) kernel size, "
-                         f"but got padding={padding}, kernel_size={kernel} and dilation={dilation}")
+    if any(2 * p > k for p, k in zip(padding, kernel)):  # else a window could hold padding only
+        raise ValueError(f"{op}: padding should be at most half of the kernel size, "
+                         f"but got padding={padding} and kernel_size={kernel}")
     return kernel, stride, padding, dilation
 
 
