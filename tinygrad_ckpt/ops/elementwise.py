@@ -450,12 +450,14 @@ _SQRT_HALF, _RSQRT_2PI = 0.7071067811865476, 0.3989422804014327  # 1 / sqrt(2), 
 
 def _sigmoid(x):
     """1 / (1 + exp(-x)): no cancellation in either tail (exp(-x) overflowing gives 0, correctly)."""
+    x = as_array(x)  # (a 0-d x * beta is a NumPy scalar)
     with numpy.errstate(over="ignore"):
         return 1 / (1 + array_module(x).exp(-x))
 
 
 def _clamp(x, low, high):
     """x limited to [low, high]; a NaN stays NaN (both comparisons are False for it)."""
+    x = as_array(x)
     xp = array_module(x)
     return xp.where(x < low, x.dtype.type(low), xp.where(x > high, x.dtype.type(high), x))
 

@@ -24,7 +24,7 @@ What does not live here: the ops that use it (elementwise.GELUErf).
 
 import numpy
 
-from ..backend import array_module
+from ..backend import array_module, as_array
 
 # Coefficients, highest power first (the leading 1 of each denominator included).
 _A = (1.85777706184603153e-1, 3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
@@ -52,6 +52,7 @@ def _polynomial(t, coefficients):
 
 def erfc(x):
     """1 - erf(x), elementwise, in x's dtype; erfc(-inf) = 2, erfc(inf) = 0, NaN stays NaN."""
+    x = as_array(x)  # a 0-d x times a number is a NumPy scalar
     xp = array_module(x)
     with numpy.errstate(all="ignore"):  # the ranges an element is not in are thrown away
         y = xp.abs(x)
