@@ -8,8 +8,10 @@ conv.py         Conv2d, MaxPool2d, AvgPool2d
 mlp.py          MLP, the deep chain of workload W1
 transformer.py  GPTConfig, CausalSelfAttention, FeedForward, TransformerBlock,
                 GPT (workload W2)
+cnn.py          CNNConfig, CNN: a small convolutional network for 32x32 images
 """
 
+from .cnn import CNN, CNNConfig
 from .conv import AvgPool2d, Conv2d, MaxPool2d
 from .layers import (
     GELU, BatchNorm1d, BatchNorm2d, Dropout, Embedding, Flatten, Hardswish, LayerNorm, LeakyReLU, Linear, Mish,
@@ -25,5 +27,5 @@ __all__ = [
     "GELU", "Tanh", "ReLU", "LeakyReLU", "ReLU6", "SiLU", "Hardswish", "Softplus", "Mish",
     "Conv2d", "MaxPool2d", "AvgPool2d",
     "Sequential", "ModuleList",
-    "MLP", "GPTConfig", "CausalSelfAttention", "FeedForward", "TransformerBlock", "GPT",
+    "MLP", "GPTConfig", "CausalSelfAttention", "FeedForward", "TransformerBlock", "GPT", "CNNConfig", "CNN",
 ]
