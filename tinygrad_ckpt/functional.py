@@ -26,9 +26,9 @@ def gelu(x, approximate="tanh"):
 
     'none' is exact (with erf), PyTorch's default. 'tanh' is GPT-2's
     approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), within
-    about 1e-3 of it, and the default here because this package's models
-    and their recorded results use it: the default differs from PyTorch's,
-    so F.gelu(x) here is F.gelu(x, approximate='tanh') there.
+    5e-4 of it, and the default here because this package's models and
+    their recorded results use it: the default differs from PyTorch's, so
+    F.gelu(x) here is F.gelu(x, approximate='tanh') there.
     """
     if approximate == "tanh":
         return elementwise.GELU.apply(x)

@@ -87,12 +87,14 @@ class Conv2d(Function):
         dcols   = weight^T (G, K, Co/G) @ g                each column added back where its window came from -> dx
         dbias   = g summed over N, OH, OW
 
-    Saves x (for dweight) and weight (for dx), as PyTorch does: x.nbytes +
-    weight.nbytes, arrays the caller holds anyway (x is the previous op's
-    output, weight a parameter). The padded input and `cols` are
-    temporaries: cols is a view of the padded input until the product copies
-    it, N K L itemsize bytes (kh kw times x's size for stride 1 and "same"
-    padding), and backward makes it again for dweight.
+    Saves x (for dweight) and weight (for dx), what PyTorch saves too:
+    x.nbytes of activation memory (the weight is a parameter, held anyway),
+    and only what a gradient is asked for needs (x if the weight needs one,
+    the weight if x does). The padded input and `cols` are temporaries:
+    cols is a view of the padded input until the product copies it,
+    N G K L itemsize bytes (kh kw times x's bytes for stride 1 and padding
+    that keeps the size), freed when forward returns; backward makes it
+    again, in the order its product wants, for dweight.
     """
 
     @staticmethod
