@@ -194,6 +194,17 @@ def test_conv2d_saves_what_each_gradient_needs():
     assert frozen_input.grad_fn.ctx.saved_arrays[1] is None  # dweight needs the input only
 
 
+@pytest.mark.parametrize("needed", range(3))
+def test_conv2d_backward_returns_none_exactly_for_inputs_that_need_no_gradient(needed):
+    rng = numpy.random.default_rng(1)
+    arrays = [rng.standard_normal((2, 4, 5, 5)), rng.standard_normal((6, 2, 3, 3)), rng.standard_normal(6)]
+    inputs = [Tensor(a, requires_grad=i == needed) for i, a in enumerate(arrays)]
+    out = F.conv2d(*inputs, stride=2, padding=1, groups=2)
+    grads = out.grad_fn.op.backward(out.grad_fn.ctx, out.data * 0 + 1)
+    assert [g is not None for g in grads] == [i == needed for i in range(3)]
+    assert grads[needed].shape == arrays[needed].shape
+
+
 def test_conv2d_flops_are_those_of_its_matrix_product():
     # The count from shapes equals the Linear over the im2col matrix: (N OH OW, K) rows times (Co, K).
     N, C, Co, k, OH, OW = 2, 3, 5, 3, 6, 4

@@ -125,8 +125,9 @@ class Conv2d(Function):
         need = ctx.needs_input_grad
         xp = array_module(g)
         K = Cg * kh * kw
-        g_rows = g.reshape(N, G, Co // G, OH * OW).transpose(1, 2, 0, 3).reshape(G, Co // G, N * OH * OW)  # a copy
         dx = dweight = None
+        if need[0] or need[1]:  # g with the batch folded into the pixels, one matrix per group
+            g_rows = g.reshape(N, G, Co // G, OH * OW).transpose(1, 2, 0, 3).reshape(G, Co // G, N * OH * OW)  # a copy
         if need[1]:
             view = windows(pad_image(x, padding), (kh, kw), stride, dilation, (OH, OW))  # (N, C, kh, kw, OH, OW)
             cols = view.transpose(1, 2, 3, 0, 4, 5).reshape(G, K, N * OH * OW)  # (G, K, N L): the copy
