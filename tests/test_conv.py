@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, backend, nn
+from tinygrad_ckpt import Tensor, backend, memory, nn
 from tinygrad_ckpt.checkpoint import checkpoint
 from tinygrad_ckpt.ops import conv, flops
 from tinygrad_ckpt.testing import strict_cupy
@@ -184,6 +184,22 @@ def test_conv2d_saves_only_its_input_and_weight():
     pooled = F.max_pool2d(out, 2)
     (position,) = pooled.grad_fn.ctx.saved_arrays  # one integer per output element
     assert position.shape == pooled.shape and position.dtype.kind == "i"
+
+
+def test_conv2d_and_max_pool2d_keep_no_temporary_alive():
+    # memory.py's count: after conv's forward the only new memory is its output, and the activations
+    # rise by its input's bytes (the weight is a parameter); max pooling keeps 8 bytes per output element.
+    rng = numpy.random.default_rng(0)
+    x = Tensor(rng.standard_normal((2, 4, 9, 9)).astype(numpy.float32), requires_grad=True)
+    w = nn.Parameter(rng.standard_normal((6, 4, 3, 3)), dtype=numpy.float32)
+    h = x * 2.0  # an op's output: kept only if the conv keeps it
+    before = memory.current()
+    out = F.conv2d(h, w, padding=1)
+    after = memory.current()
+    assert after["activations"] - before["activations"] == h.data.nbytes
+    assert sum(after.values()) - sum(before.values()) == out.data.nbytes  # no im2col copy, no padded copy
+    pooled = F.max_pool2d(out, 2)
+    assert memory.current()["activations"] - after["activations"] == 8 * pooled.numel()
 
 
 def test_conv2d_saves_what_each_gradient_needs():
