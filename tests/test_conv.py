@@ -154,6 +154,21 @@ def test_pad_matches_pytorch(case, value):
     _ours_and_theirs(lambda t: F.pad(t, pad, value=value), lambda torch, t: torch.nn.functional.pad(t, pad, value=value), [x])
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # PyTorch's note that it copies the input too
+@pytest.mark.parametrize("kernel,dilation", [((3, 3), 1), ((2, 3), 1), ((2, 4), (2, 1)), ((1, 1), 1)])
+def test_conv2d_same_and_valid_padding_match_pytorch(kernel, dilation):
+    rng = numpy.random.default_rng(8)
+    x, w = rng.standard_normal((2, 2, 5, 6)), rng.standard_normal((3, 2, *kernel))
+    for padding in ("same", "valid"):
+        out = F.conv2d(Tensor(x), Tensor(w), padding=padding, dilation=dilation)
+        if padding == "same":
+            assert out.shape[2:] == x.shape[2:]
+        _ours_and_theirs(lambda a, b: F.conv2d(a, b, padding=padding, dilation=dilation),
+                         lambda torch, a, b: torch.nn.functional.conv2d(a, b, padding=padding, dilation=dilation), [x, w])
+    with pytest.raises(ValueError, match="padding='same' is not supported for strided"):
+        F.conv2d(Tensor(x), Tensor(w), padding="same", stride=2)
+
+
 def test_max_pool2d_ties_and_nan_as_pytorch():
     # Ties: the first of the equal elements takes the gradient; a NaN is the largest and takes it.
     x = numpy.array([[[[1.0, 1.0, 0.0, 2.0], [1.0, 0.5, numpy.nan, 2.0]]]])

@@ -198,7 +198,20 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
     stride, padding (zeros, on both sides), dilation: an int or a pair (height, width).
     Returns (N, out_channels, OH, OW), OH = (H + 2 padding - dilation (kh - 1) - 1) // stride + 1.
+    padding='valid' is 0; padding='same' (stride 1 only) keeps H and W, as PyTorch's: the
+    dilation (k - 1) padded pixels are split evenly, the odd one at the end (bottom, right).
     """
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        if conv.pair("conv2d", "stride", stride, 1) != (1, 1):
+            raise ValueError(f"conv2d: padding='same' is not supported for strided convolutions (stride={stride})")
+        totals = [d * (k - 1) for k, d in zip(weight.shape[2:], conv.pair("conv2d", "dilation", dilation, 1))]
+        if any(t % 2 for t in totals):  # uneven: one more row (column) after than before
+            input = pad(input, (totals[1] // 2, totals[1] - totals[1] // 2, totals[0] // 2, totals[0] - totals[0] // 2))
+            padding = 0
+        else:
+            padding = (totals[0] // 2, totals[1] // 2)
     inputs = (input, weight) if bias is None else (input, weight, bias)
     return conv.Conv2d.apply(*inputs, stride=stride, padding=padding, dilation=dilation, groups=groups)
 

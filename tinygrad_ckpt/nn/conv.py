@@ -24,7 +24,10 @@ from .module import Module
 
 
 class Conv2d(Module):
-    """out = conv2d(x, weight, bias): (N, in_channels, H, W) -> (N, out_channels, OH, OW), as torch.nn.Conv2d."""
+    """out = conv2d(x, weight, bias): (N, in_channels, H, W) -> (N, out_channels, OH, OW), as torch.nn.Conv2d.
+
+    padding: an int, a pair, 'valid' or 'same' (see F.conv2d).
+    """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  dtype=numpy.float32, device=None, rng=None):
