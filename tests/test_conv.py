@@ -189,6 +189,24 @@ def test_windows_is_a_view_with_the_window_values():
         assert view[n, c, i, j, oh, ow] == x[n, c, oh * stride[0] + i * dilation[0], ow * stride[1] + j * dilation[1]]
 
 
+def test_conv2d_and_pooling_of_a_view_with_other_strides():
+    # The windows are made from the input's own strides: a transposed (non-contiguous) input works as its copy.
+    rng = numpy.random.default_rng(9)
+    x, w = rng.standard_normal((2, 3, 6, 5)), rng.standard_normal((4, 3, 2, 3))
+    results = []
+    for transposed in (True, False):
+        xt = Tensor(x.transpose(0, 1, 3, 2).copy(), requires_grad=True)
+        h = xt.transpose(2, 3) if transposed else Tensor(x)  # the same values, other strides
+        if transposed:
+            assert not h.data.flags["C_CONTIGUOUS"]
+        wt = Tensor(w, requires_grad=True)
+        out = F.conv2d(h, wt, stride=(2, 1), padding=(0, 1)) + F.max_pool2d(h, 2, 1)[:, :1, :3, :4].sum()
+        out.sum().backward()
+        results.append((out.numpy(), wt.grad.numpy()))
+    for a, b in zip(*results):
+        numpy.testing.assert_allclose(a, b, rtol=1e-12)
+
+
 def test_conv2d_saves_only_its_input_and_weight():
     rng = numpy.random.default_rng(0)
     x = Tensor(rng.standard_normal((2, 4, 9, 9)), requires_grad=True)
