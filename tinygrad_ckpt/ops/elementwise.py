@@ -435,13 +435,14 @@ class GELUErf(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return x * (0.5 * special.erfc(x * -_SQRT_HALF))
+        with numpy.errstate(invalid="ignore"):  # x = -inf: -inf * 0 is NaN, as in PyTorch
+            return x * (0.5 * special.erfc(x * -_SQRT_HALF))
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
         xp = array_module(x)
-        with numpy.errstate(invalid="ignore"):  # x = +-inf: inf * 0 is NaN, as in PyTorch
+        with numpy.errstate(over="ignore", invalid="ignore"):  # huge x: x * x is inf, exp(-inf) 0; x = +-inf: NaN
             return g * (0.5 * special.erfc(x * -_SQRT_HALF) + x * (_RSQRT_2PI * xp.exp(-0.5 * x * x)))
 
 
