@@ -11,7 +11,7 @@ import math
 
 import numpy
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import tinygrad_ckpt.functional as F
@@ -94,9 +94,15 @@ def test_conv2d_gradients(case):
         check_grad(lambda x, w, b: _conv(x, w, b, options), x, weight, bias)
 
 
+def _no_window_of_padding_only(x, options):
+    """With dilation a window can miss the input and read padding only: its max is -inf there (PyTorch's too), no gradient."""
+    assume(numpy.isfinite(F.max_pool2d(Tensor(x), **options).numpy()).all())
+
+
 @given(pool_cases())
 def test_max_pool2d_gradients(case):
     x, options = case
+    _no_window_of_padding_only(x, options)
     check_grad(lambda t: F.max_pool2d(t, **options), x)
 
 
@@ -139,6 +145,7 @@ def test_conv2d_matches_pytorch(case):
 @given(pool_cases())
 def test_max_pool2d_matches_pytorch(case):
     x, options = case
+    _no_window_of_padding_only(x, options)
     _ours_and_theirs(lambda t: F.max_pool2d(t, **options), lambda torch, t: torch.nn.functional.max_pool2d(t, **options), [x])
 
 
