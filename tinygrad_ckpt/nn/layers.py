@@ -119,7 +119,8 @@ class _BatchNorm(Module):
     """
 
     _buffers = ("running_mean", "running_var")
-    expected = ""  # the input shapes a subclass takes, for its error message
+    ndims = ()  # the numbers of axes a subclass takes (N, C first)
+    expected = ""  # and those shapes in words, for its error message
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype=numpy.float32, device=None):
         super().__init__()
@@ -129,13 +130,9 @@ class _BatchNorm(Module):
         self.running_mean = Tensor(numpy.zeros(num_features, dtype=dtype), device=device)
         self.running_var = Tensor(numpy.ones(num_features, dtype=dtype), device=device)
 
-    def takes(self, x):
-        """True for the input shapes this layer normalises (a subclass says which)."""
-        raise NotImplementedError
-
     def forward(self, x):
         C, name = self.num_features, type(self).__name__
-        if not self.takes(x):
+        if x.ndim not in self.ndims or x.shape[1] != C:
             raise ValueError(f"{name}({C}) expects input {self.expected.format(C=C)}, got shape {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))  # every axis but the channels
         shape = (1, C) + (1,) * (x.ndim - 2)  # a per-channel value, broadcastable to x
@@ -174,19 +171,13 @@ class _BatchNorm(Module):
 class BatchNorm1d(_BatchNorm):
     """Batch norm of input (N, C) or (N, C, L): each channel over the batch (and length) axes (see _BatchNorm)."""
 
-    expected = "(N, {C}) or (N, {C}, L)"
-
-    def takes(self, x):
-        return x.ndim in (2, 3) and x.shape[1] == self.num_features
+    ndims, expected = (2, 3), "(N, {C}) or (N, {C}, L)"
 
 
 class BatchNorm2d(_BatchNorm):
     """Batch norm of images (N, C, H, W): each channel over the batch and both image axes (see _BatchNorm)."""
 
-    expected = "(N, {C}, H, W)"
-
-    def takes(self, x):
-        return x.ndim == 4 and x.shape[1] == self.num_features
+    ndims, expected = (4,), "(N, {C}, H, W)"
 
 
 class Flatten(Module):
