@@ -8,7 +8,7 @@ mask from a generator, defaulting layer-norm's weight and bias.
 import numpy
 
 from . import backend, random
-from .ops import elementwise, matmul, movement, nn
+from .ops import conv, elementwise, matmul, movement, nn, pool
 from .tensor import Tensor
 
 
@@ -21,9 +21,50 @@ def relu(x):
     return elementwise.ReLU.apply(x)
 
 
-def gelu(x):
-    """GELU, tanh approximation (as GPT-2)."""
-    return elementwise.GELU.apply(x)
+def gelu(x, approximate="tanh"):
+    """GELU: x Phi(x), Phi the standard normal's CDF; approximate='tanh' (the default here) or 'none'.
+
+    'none' is exact (with erf), PyTorch's default. 'tanh' is GPT-2's
+    approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), within
+    5e-4 of it, and the default here because this package's models and
+    their recorded results use it: the default differs from PyTorch's, so
+    F.gelu(x) here is F.gelu(x, approximate='tanh') there.
+    """
+    if approximate == "tanh":
+        return elementwise.GELU.apply(x)
+    if approximate == "none":
+        return elementwise.GELUErf.apply(x)
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def leaky_relu(x, negative_slope=0.01):
+    """x where x > 0, negative_slope * x elsewhere."""
+    return elementwise.LeakyReLU.apply(x, negative_slope=negative_slope)
+
+
+def relu6(x):
+    """min(max(x, 0), 6)."""
+    return elementwise.ReLU6.apply(x)
+
+
+def hardswish(x):
+    """x * relu6(x + 3) / 6."""
+    return elementwise.Hardswish.apply(x)
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    return elementwise.SiLU.apply(x)
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (as PyTorch)."""
+    return elementwise.Softplus.apply(x, beta=beta, threshold=threshold)
+
+
+def mish(x):
+    """x * tanh(softplus(x))."""
+    return elementwise.Mish.apply(x)
 
 
 def tanh(x):
@@ -59,6 +100,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
     """Cross-entropy of logits (..., C) against integer targets (...).
 
+    reduction: 'mean' (over the targets that count), 'sum', or 'none': one
+    loss per target, of the targets' shape, 0 where the target is ignored.
     Targets equal to `ignore_index` (padding) do not count, in the sum or in
     the mean's denominator. With every target ignored, the mean is NaN
     (0 / 0) and the sum 0, and the gradient is zero either way, as in PyTorch.
@@ -86,7 +129,8 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
         _check_class_range(targets, logits.shape[-1], ignore_index)
         targets = backend.to_device(targets, logits.device)
     flat = logits.reshape(-1, logits.shape[-1]) if logits.ndim != 2 else logits  # (N, C)
-    return nn.CrossEntropy.apply(flat, targets=targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+    loss = nn.CrossEntropy.apply(flat, targets=targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+    return loss.reshape(logits.shape[:-1]) if reduction == "none" and logits.ndim != 2 else loss  # (N,) -> the targets' shape
 
 
 def _check_class_range(targets, classes, ignore_index):
@@ -151,6 +195,55 @@ def cat(tensors, axis=0):
 
 def stack(tensors, axis=0):
     return movement.Stack.apply(*tensors, axis=axis)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D convolution of input (N, C, H, W) with weight (out_channels, C/groups, kh, kw), as PyTorch's.
+
+    stride, padding (zeros, on both sides), dilation: an int or a pair (height, width).
+    Returns (N, out_channels, OH, OW), OH = (H + 2 padding - dilation (kh - 1) - 1) // stride + 1.
+    padding='valid' is 0; padding='same' (stride 1 only) keeps H and W, as PyTorch's: the
+    dilation (k - 1) padded pixels are split evenly, the odd one at the end (bottom, right).
+    """
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        if conv.pair("conv2d", "stride", stride, 1) != (1, 1):
+            raise ValueError(f"conv2d: padding='same' is not supported for strided convolutions (stride={stride})")
+        totals = [d * (k - 1) for k, d in zip(weight.shape[2:], conv.pair("conv2d", "dilation", dilation, 1))]
+        if any(t % 2 for t in totals):  # uneven: one more row (column) after than before
+            input = pad(input, (totals[1] // 2, totals[1] - totals[1] // 2, totals[0] // 2, totals[0] - totals[0] // 2))
+            padding = 0
+        else:
+            padding = (totals[0] // 2, totals[1] // 2)
+    inputs = (input, weight) if bias is None else (input, weight, bias)
+    return conv.Conv2d.apply(*inputs, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1):
+    """The largest value of each kernel_size window of input (N, C, H, W); stride defaults to kernel_size."""
+    return pool.MaxPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0):
+    """The mean of each kernel_size window of input (N, C, H, W), the zero padding counted; stride defaults to kernel_size."""
+    return pool.AvgPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding)
+
+
+def pad(input, pad, mode="constant", value=0.0):
+    """`value` around the input, PyTorch's argument order: pad = (left, right) for the last axis, then
+    (top, bottom) for the one before it, and so on: (1, 1, 2, 0) pads the last axis by one on each side
+    and the axis before it by two at the start.
+    """
+    if mode != "constant":
+        raise ValueError(f"pad: only mode='constant' is supported, got {mode!r}")
+    pad = tuple(pad)
+    if len(pad) % 2 or len(pad) // 2 > input.ndim:
+        raise ValueError(f"pad: the padding {pad} must be pairs (before, after), at most one for each of the "
+                         f"input's {input.ndim} axes, got {len(pad)} numbers")
+    pairs = [tuple(pad[i:i + 2]) for i in range(0, len(pad), 2)]  # the last axis first
+    widths = [(0, 0)] * (input.ndim - len(pairs)) + pairs[::-1]  # one pair per axis, the first axis first
+    return movement.Pad.apply(input, widths=widths, value=value)
 
 
 def embedding(indices, weight):

@@ -1,4 +1,4 @@
-"""The layers: Linear, Embedding, LayerNorm, BatchNorm1d, Dropout, activations, containers.
+"""The layers: Linear, Embedding, LayerNorm, BatchNorm1d/2d, Flatten, Dropout, activations, containers.
 
 Each layer owns its Parameters, draws their initial values from an explicit
 numpy Generator (`rng`; the package's default generator when None, see
@@ -11,8 +11,9 @@ U(-1/sqrt(in_features), 1/sqrt(in_features)) for weight and bias, Embedding
 is N(0, 1). With `init_std`, weights are N(0, init_std^2) and biases zero
 (GPT-2's scheme, used by transformer.py).
 
-What does not live here: Module and Parameter (module.py), the models
-(mlp.py, transformer.py), the ops the layers call (ops/, functional.py).
+What does not live here: Module and Parameter (module.py), the image
+layers (conv.py), the models (mlp.py, transformer.py, cnn.py), the ops the
+layers call (ops/, functional.py).
 """
 
 import math
@@ -112,8 +113,8 @@ class LayerNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
-class BatchNorm1d(Module):
-    """Normalise each channel over the batch (and length) axes; input (N, C) or (N, C, L).
+class _BatchNorm(Module):
+    """Normalise each channel (axis 1) over every other axis, as BatchNorm1d and BatchNorm2d do.
 
     Training: normalise with the batch's mean and (biased) variance, and move
     the running statistics towards them:
@@ -127,6 +128,8 @@ class BatchNorm1d(Module):
     """
 
     _buffers = ("running_mean", "running_var")
+    ndims = ()  # the numbers of axes a subclass takes (N, C first)
+    expected = ""  # and those shapes in words, for its error message
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype=numpy.float32, device=None):
         super().__init__()
@@ -137,16 +140,16 @@ class BatchNorm1d(Module):
         self.running_var = Tensor(numpy.ones(num_features, dtype=dtype), device=device)
 
     def forward(self, x):
-        C = self.num_features
-        if x.ndim not in (2, 3) or x.shape[1] != C:
-            raise ValueError(f"BatchNorm1d({C}) expects input (N, {C}) or (N, {C}, L), got shape {x.shape}")
-        axes = (0,) if x.ndim == 2 else (0, 2)  # every axis but the channels
-        shape = (1, C) if x.ndim == 2 else (1, C, 1)  # a per-channel value, broadcastable to x
+        C, name = self.num_features, type(self).__name__
+        if x.ndim not in self.ndims or x.shape[1] != C:
+            raise ValueError(f"{name}({C}) expects input {self.expected.format(C=C)}, got shape {x.shape}")
+        axes = (0,) + tuple(range(2, x.ndim))  # every axis but the channels
+        shape = (1, C) + (1,) * (x.ndim - 2)  # a per-channel value, broadcastable to x
         if self.training:
             n = x.numel() // C  # values per channel
             if n < 2:
-                raise ValueError(f"BatchNorm1d needs more than one value per channel in training mode, got input shape {x.shape}")
-            mean = x.mean(axis=axes, keepdims=True)  # (1, C[, 1])
+                raise ValueError(f"{name} needs more than one value per channel in training mode, got input shape {x.shape}")
+            mean = x.mean(axis=axes, keepdims=True)  # (1, C, 1...)
             centered = x - mean
             var = (centered * centered).mean(axis=axes, keepdims=True)  # biased: what we normalise with
             self._update_running_stats(mean.data.reshape(C), var.data.reshape(C) * (n / (n - 1)))
@@ -174,6 +177,35 @@ class BatchNorm1d(Module):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
+class BatchNorm1d(_BatchNorm):
+    """Batch norm of input (N, C) or (N, C, L): each channel over the batch (and length) axes (see _BatchNorm)."""
+
+    ndims, expected = (2, 3), "(N, {C}) or (N, {C}, L)"
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch norm of images (N, C, H, W): each channel over the batch and both image axes (see _BatchNorm)."""
+
+    ndims, expected = (4,), "(N, {C}, H, W)"
+
+
+class Flatten(Module):
+    """x.reshape: axes start_dim..end_dim made one, (N, C, H, W) -> (N, C H W) by default, as torch.nn.Flatten."""
+
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        start, end = self.start_dim % x.ndim, self.end_dim % x.ndim
+        if start > end:
+            raise ValueError(f"Flatten: start_dim {self.start_dim} comes after end_dim {self.end_dim} for a {x.ndim}-D input")
+        return x.reshape(x.shape[:start] + (-1,) + x.shape[end + 1:])  # a view where NumPy can make one
+
+    def extra_repr(self):
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
 class Dropout(Module):
     """Zero each element with probability p in training mode (scaling the rest by 1/(1-p)).
 
@@ -195,10 +227,17 @@ class Dropout(Module):
 
 
 class GELU(Module):
-    """GELU, tanh approximation (as GPT-2)."""
+    """GELU: approximate='tanh' (GPT-2's, this package's default) or 'none' (exact, erf; PyTorch's default). See F.gelu."""
+
+    def __init__(self, approximate="tanh"):
+        super().__init__()
+        self.approximate = approximate
 
     def forward(self, x):
-        return F.gelu(x)
+        return F.gelu(x, approximate=self.approximate)
+
+    def extra_repr(self):
+        return "" if self.approximate == "tanh" else f"approximate={self.approximate!r}"  # the default: GELU()
 
 
 class Tanh(Module):
@@ -209,6 +248,62 @@ class Tanh(Module):
 class ReLU(Module):
     def forward(self, x):
         return F.relu(x)
+
+
+class LeakyReLU(Module):
+    """x where x > 0, negative_slope * x elsewhere."""
+
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}"
+
+
+class ReLU6(Module):
+    """min(max(x, 0), 6)."""
+
+    def forward(self, x):
+        return F.relu6(x)
+
+
+class SiLU(Module):
+    """x * sigmoid(x) (also called swish)."""
+
+    def forward(self, x):
+        return F.silu(x)
+
+
+class Hardswish(Module):
+    """x * relu6(x + 3) / 6."""
+
+    def forward(self, x):
+        return F.hardswish(x)
+
+
+class Softplus(Module):
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
+
+    def __init__(self, beta=1.0, threshold=20.0):
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x):
+        return F.softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self):
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Mish(Module):
+    """x * tanh(softplus(x))."""
+
+    def forward(self, x):
+        return F.mish(x)
 
 
 # -- containers ----------------------------------------------------------------

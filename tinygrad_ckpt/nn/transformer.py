@@ -99,7 +99,7 @@ class FeedForward(Module):
         init = random.generator(rng)
         C = config.n_embd
         self.c_fc = Linear(C, 4 * C, bias=config.bias, dtype=dtype, device=device, rng=init, init_std=0.02)
-        self.gelu = GELU()
+        self.gelu = GELU(approximate="tanh")  # GPT-2's form, not PyTorch's default (erf)
         self.c_proj = Linear(4 * C, C, bias=config.bias, dtype=dtype, device=device, rng=init,
                              init_std=0.02 / math.sqrt(2 * config.n_layer))
         self.dropout = Dropout(config.dropout, rng=rng)

@@ -16,6 +16,7 @@ import numpy
 
 from ..backend import array_module, as_array, on_cpu, unbroadcast
 from ..function import Function
+from . import special
 
 
 def check_broadcast(op, a, b):
@@ -418,6 +419,166 @@ def _gelu_backward(xp, x, g, dx):
     k *= g
     k *= 0.5
     dx[...] = k
+
+
+class GELUErf(Function):
+    """The exact GELU (PyTorch's default, approximate='none'), with Phi the standard normal's CDF:
+
+        out = x Phi(x),  Phi(x) = erfc(-x / sqrt(2)) / 2
+        dx  = g (Phi(x) + x phi(x)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+
+    Saves x only. erfc, not 1 + erf: for very negative x, 1 + erf(x / sqrt(2))
+    cancels to 0 where erfc keeps the tiny value (special.py: how erfc is
+    computed without SciPy).
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        with numpy.errstate(invalid="ignore"):  # x = -inf: -inf * 0 is NaN, as in PyTorch
+            return x * (0.5 * special.erfc(x * -_SQRT_HALF))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        xp = array_module(x)
+        with numpy.errstate(over="ignore", invalid="ignore"):  # huge x: x * x is inf, exp(-inf) 0; x = +-inf: NaN
+            return g * (0.5 * special.erfc(x * -_SQRT_HALF) + x * (_RSQRT_2PI * xp.exp(-0.5 * x * x)))
+
+
+_SQRT_HALF, _RSQRT_2PI = 0.7071067811865476, 0.3989422804014327  # 1 / sqrt(2), 1 / sqrt(2 pi)
+
+
+def _sigmoid(x):
+    """1 / (1 + exp(-x)): no cancellation in either tail (exp(-x) overflowing gives 0, correctly)."""
+    x = as_array(x)  # (a 0-d x * beta is a NumPy scalar)
+    with numpy.errstate(over="ignore"):
+        return 1 / (1 + array_module(x).exp(-x))
+
+
+def _clamp(x, low, high):
+    """x limited to [low, high]; a NaN stays NaN (both comparisons are False for it)."""
+    x = as_array(x)
+    xp = array_module(x)
+    return xp.where(x < low, x.dtype.type(low), xp.where(x > high, x.dtype.type(high), x))
+
+
+class LeakyReLU(Function):
+    """out = x where x > 0, negative_slope * x elsewhere;  dx = g there, negative_slope * g elsewhere.
+
+    Saves x > 0 as a boolean mask (1 byte per element). A NaN takes the
+    negative side's slope, as in PyTorch.
+    """
+
+    @staticmethod
+    def forward(ctx, x, negative_slope=0.01):
+        positive = x > 0
+        ctx.slope = negative_slope
+        ctx.save_for_backward(positive)
+        return array_module(x).where(positive, x, x * negative_slope)
+
+    @staticmethod
+    def backward(ctx, g):
+        (positive,) = ctx.saved_arrays
+        return array_module(g).where(positive, g, g * ctx.slope)
+
+
+class ReLU6(Function):
+    """out = min(max(x, 0), 6);  dx = g where 0 < x < 6, 0 elsewhere (at 0 and 6 too, as PyTorch's hardtanh).
+
+    Saves where the gradient is 0 as a boolean mask (1 byte per element); a NaN passes with gradient g.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward((x <= 0) | (x >= 6))
+        return _clamp(x, 0, 6)
+
+    @staticmethod
+    def backward(ctx, g):
+        (off,) = ctx.saved_arrays
+        return array_module(g).where(off, g.dtype.type(0), g)
+
+
+class Hardswish(Function):
+    """out = x relu6(x + 3) / 6;  dx = 0 where x <= -3, g (x / 3 + 1/2) where -3 < x < 3, g where x >= 3.
+
+    PyTorch's pieces, with its choices at the kinks; a NaN passes with
+    gradient g. Saves x.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * _clamp(x + 3, 0, 6) / 6
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        xp = array_module(x)
+        return xp.where(x <= -3, g.dtype.type(0), xp.where(x < 3, g * (x / 3 + 0.5), g))
+
+
+class SiLU(Function):
+    """out = x sigmoid(x);  dx = g s (1 + x (1 - s)), s = sigmoid(x).  Saves x (s is recomputed)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * _sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        s = _sigmoid(x)
+        return g * s * (1 + x * (1 - s))
+
+
+class Softplus(Function):
+    """out = log(1 + exp(beta x)) / beta, and x where beta x > threshold (PyTorch's: the two agree there);
+    dx = g sigmoid(beta x), and g where beta x > threshold.  Saves x.
+
+    log1p: log(1 + e) would round to 0 for e below 1e-16, where log1p keeps it.
+    """
+
+    @staticmethod
+    def forward(ctx, x, beta=1.0, threshold=20.0):
+        xp = array_module(x)
+        ctx.beta, ctx.threshold = beta, threshold
+        ctx.save_for_backward(x)
+        with numpy.errstate(over="ignore"):  # exp overflows only where x itself is picked
+            return xp.where(x * beta > threshold, x, xp.log1p(xp.exp(x * beta)) / beta)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        return array_module(x).where(x * ctx.beta > ctx.threshold, g, g * _sigmoid(x * ctx.beta))
+
+
+class Mish(Function):
+    """out = x tanh(softplus(x)), softplus(x) = log(1 + exp(x));
+    dx = g (t + x s (1 - t^2)), t = tanh(softplus(x)), s = sigmoid(x) (the derivative of softplus).
+
+    Saves x (t and s are recomputed).
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * _tanh_softplus(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_arrays
+        t = _tanh_softplus(x)
+        return g * (t + x * _sigmoid(x) * (1 - t * t))
+
+
+def _tanh_softplus(x):
+    """tanh(log(1 + exp(x))); exp overflowing to inf gives tanh(inf) = 1, the right limit."""
+    xp = array_module(x)
+    with numpy.errstate(over="ignore"):
+        return xp.tanh(xp.log1p(xp.exp(x)))
 
 
 class Cast(Function):

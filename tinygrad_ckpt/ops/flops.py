@@ -4,7 +4,8 @@ The cost of an op lives beside the ops, so that whoever prices a plan
 (schedules.py, the recompute a checkpoint adds) or reports one (saved.py,
 the bench) asks the ops, and none of them depends on the other.
 
-Counted analytically: a matmul (m, k) @ (k, n) is 2mnk, an elementwise op
+Counted analytically: a matmul (m, k) @ (k, n) is 2mnk, a convolution
+2k per output element (k = C/groups * kh * kw, a window), an elementwise op
 one FLOP per output element, and the fused nn ops a small constant per
 element, each counted from the op's forward formula. The counts are for
 comparing costs, not for predicting time.
@@ -13,6 +14,8 @@ comparing costs, not for predicting time.
     120
     >>> op_flops("Reshape", [(4, 3)], [(12,)])            # a view: no arithmetic
     0
+    >>> op_flops("Conv2d", [(1, 3, 8, 8), (4, 3, 3, 3)], [(1, 4, 6, 6)])   # 2 * 144 outputs * 27
+    7776
 
 What does not live here: the ops themselves (the other files of ops/), the
 memory an op keeps (function.py's save_for_backward counts it).
@@ -26,12 +29,24 @@ memory an op keeps (function.py's save_for_backward counts it).
 #   LogSoftmax  max, subtract, exp, sum, subtract      (per input element) -> 5
 #   CrossEntropy as LogSoftmax on the logits                               -> 5
 #   LayerNorm   mean, subtract, square, mean, *rstd, *weight, +bias        -> 7
-# Movement ops (Reshape, Permute, Expand, GetItem, Split, Cat, Stack, ToDevice) copy or
-# view memory and count 0; reductions count one FLOP per input element. A
+#   the activations, from their forward formulas:
+#   LeakyReLU   compare, x*slope, pick                                    -> 2
+#   ReLU6       two compares, pick                                         -> 2
+#   Hardswish   x+3, clamp (2), *x, /6                                    -> 5
+#   SiLU        -x, exp, +1, x / (.)                                      -> 4
+#   Softplus    *beta, exp, log1p, /beta, compare and pick                 -> 5
+#   Mish        exp, log1p, tanh, *x                                      -> 4
+#   GELUErf     x/sqrt(2), erfc (a rational function and exp: ~30), *0.5, *x -> 33
+# Pooling reads each window element once: one FLOP per input element (exact
+# for stride = kernel_size, the usual case). Movement ops (Reshape, Permute,
+# Expand, GetItem, Split, Cat, Stack, Pad, ToDevice) copy or view memory and
+# count 0; reductions count one FLOP per input element. A
 # Checkpoint record counts 0: the ops of its segment are counted themselves.
-PER_ELEMENT = {"GELU": 9, "Dropout": 2}
-PER_INPUT_ELEMENT = {"Softmax": 5, "LogSoftmax": 5, "CrossEntropy": 5, "LayerNorm": 7, "Sum": 1, "Mean": 1, "Max": 1}
-MOVEMENT = {"Reshape", "Permute", "Expand", "GetItem", "Split", "Cat", "Stack", "ToDevice", "Checkpoint"}
+PER_ELEMENT = {"GELU": 9, "Dropout": 2, "LeakyReLU": 2, "ReLU6": 2, "Hardswish": 5, "SiLU": 4, "Softplus": 5,
+               "Mish": 4, "GELUErf": 33}
+PER_INPUT_ELEMENT = {"Softmax": 5, "LogSoftmax": 5, "CrossEntropy": 5, "LayerNorm": 7, "Sum": 1, "Mean": 1, "Max": 1,
+                     "MaxPool2d": 1, "AvgPool2d": 1}
+MOVEMENT = {"Reshape", "Permute", "Expand", "GetItem", "Split", "Cat", "Stack", "Pad", "ToDevice", "Checkpoint"}
 
 
 def _size(shape):
@@ -46,6 +61,7 @@ def op_flops(op, input_shapes, output_shapes):
 
     MatMul (..., m, k) @ (..., k, n): 2 * m * n * k per batch entry.
     Linear x (..., k), weight (n, k): 2 * k per output element, + 1 with a bias.
+    Conv2d x (N, C, H, W), weight (O, C/groups, kh, kw): 2 * C/groups * kh * kw per output element, + 1 with a bias.
     Everything else: a constant per element (table above); 1 by default.
     """
     out = sum(_size(s) for s in output_shapes)
@@ -55,6 +71,8 @@ def op_flops(op, input_shapes, output_shapes):
         return 2 * out * input_shapes[0][-1]
     if op == "Linear":
         return 2 * out * input_shapes[0][-1] + (out if len(input_shapes) > 2 else 0)
+    if op == "Conv2d":
+        return 2 * out * _size(input_shapes[1][1:]) + (out if len(input_shapes) > 2 else 0)
     if op in PER_INPUT_ELEMENT:
         return PER_INPUT_ELEMENT[op] * _size(input_shapes[0])
     return PER_ELEMENT.get(op, 1) * out

@@ -1,8 +1,8 @@
-"""Movement ops: reshape, permute, expand, indexing, splitting, concatenation, copies (clone, to a device).
+"""Movement ops: reshape, permute, expand, indexing, splitting, concatenation, padding, copies (clone, to a device).
 
 They move values without changing them, so each backward moves the gradient
 back the opposite way: reshape back, permute by the inverse permutation, sum
-over what expand repeated, scatter into zeros, split. None of them saves an
+over what expand repeated, scatter into zeros, split, cut the padding off. None of them saves an
 array for backward except integer indices (an embedding lookup must remember
 which rows it read).
 Forward results are views wherever NumPy gives one, so no memory is copied
@@ -198,6 +198,37 @@ class Stack(Function):
     @staticmethod
     def backward(ctx, g):
         return tuple(g[(slice(None),) * ctx.axis + (i,)] if need else None for i, need in enumerate(ctx.needs_input_grad))
+
+
+class Pad(Function):
+    """out = x with constant `value` around it;  dx = g with the border cut off.  Saves nothing.
+
+    `widths`: one (before, after) pair per axis of x, each >= 0 (F.pad turns
+    PyTorch's flat, last-axis-first argument into these pairs).
+    """
+
+    @staticmethod
+    def forward(ctx, x, widths, value=0.0):
+        if len(widths) != x.ndim or any(a < 0 or b < 0 for a, b in widths):
+            raise ValueError(f"pad: widths {list(widths)} must be one pair (before, after) of sizes >= 0 "
+                             f"for each of the {x.ndim} axes of the tensor of shape {tuple(x.shape)}")
+        ctx.inside = tuple(slice(a, a + n) for n, (a, _) in zip(x.shape, widths))
+        return pad_array(x, widths, value)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g[ctx.inside]
+
+
+def pad_array(x, widths, value=0.0):
+    """A new array: x with `value` around it, widths[i] = (before, after) along axis i.
+
+    The Pad op's forward, and what conv.py and pool.py pad with.
+    """
+    shape = tuple(n + a + b for n, (a, b) in zip(x.shape, widths))
+    out = array_module(x).full(shape, value, dtype=x.dtype)
+    out[tuple(slice(a, a + n) for n, (a, _) in zip(x.shape, widths))] = x
+    return out
 
 
 class Clone(Function):

@@ -126,8 +126,10 @@ class CrossEntropy(Function):
 
     logits: (N, C); targets: (N,) integers, `ignore_index` marks rows that do
     not count (padding). reduction 'mean' divides by the number of counted
-    rows, 'sum' does not. Fusing log-softmax with the loss means one saved
-    (N, C) array, the log-probabilities, plus the targets.
+    rows, 'sum' does not, 'none' returns the (N,) losses, 0 on ignored rows
+    (then g is (N,) too: dlogits row n is scaled by g[n]). Fusing
+    log-softmax with the loss means one saved (N, C) array, the
+    log-probabilities, plus the targets.
 
     With every row ignored the mean is 0 / 0 = NaN and the gradient is zero,
     as in PyTorch; the sum is 0.
@@ -135,6 +137,8 @@ class CrossEntropy(Function):
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index=-100, reduction="mean"):
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         xp = array_module(logits, targets)
         n, classes = logits.shape
         if targets.shape != (n,):
@@ -152,12 +156,12 @@ class CrossEntropy(Function):
         picked = logp[xp.arange(n), safe] * valid
         ctx.reduction = reduction
         ctx.save_for_backward(logp, safe, valid)
+        if reduction == "none":
+            return -picked  # (N,): 0 on ignored rows
         if reduction == "sum":
             return -picked.sum()
-        if reduction == "mean":
-            with numpy.errstate(invalid="ignore"):  # no row counts: NaN, as in PyTorch, without a warning
-                return -picked.sum() / valid.sum(dtype=logits.dtype)  # count in our dtype: no float64 upcast
-        raise ValueError(f"cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
+        with numpy.errstate(invalid="ignore"):  # no row counts: NaN, as in PyTorch, without a warning
+            return -picked.sum() / valid.sum(dtype=logits.dtype)  # count in our dtype: no float64 upcast
 
     @staticmethod
     def backward(ctx, g):
@@ -166,7 +170,7 @@ class CrossEntropy(Function):
         grad = xp.exp(logp)
         grad[xp.arange(len(safe)), safe] -= 1
         # With no row counted the scale is g / 1, multiplied by all-False: a zero gradient, not NaN.
-        scale = g / xp.maximum(valid.sum(dtype=g.dtype), 1) if ctx.reduction == "mean" else g
+        scale = g / xp.maximum(valid.sum(dtype=g.dtype), 1) if ctx.reduction == "mean" else g  # (N,) for 'none'
         grad *= (valid * scale)[:, None]
         return grad
 

@@ -40,6 +40,7 @@ checking that CuPy has it, with the same signature).
 
 import numbers
 import operator
+import types
 import weakref
 
 import numpy
@@ -471,6 +472,10 @@ def log(x, out=None):
     return _ufunc(numpy.log, x, out)
 
 
+def log1p(x):
+    return _call(numpy.log1p, x)
+
+
 def tanh(x, out=None):
     return _ufunc(numpy.tanh, x, out)
 
@@ -580,6 +585,14 @@ def swapaxes(a, axis1, axis2):
 
 def broadcast_to(a, shape):
     return _view(numpy.broadcast_to(a._array, shape), a)
+
+
+def _as_strided(x, shape=None, strides=None):
+    """cupy.lib.stride_tricks.as_strided: a view of x's memory with other shape and strides (in bytes)."""
+    return _view(numpy.lib.stride_tricks.as_strided(x._array, shape=shape, strides=strides), x)
+
+
+lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
 
 
 def expand_dims(a, axis):
