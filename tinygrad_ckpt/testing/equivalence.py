@@ -249,6 +249,8 @@ def check_checkpoint(fn, inputs, strategy=None, policy=None, *, split_blocks=Non
 
     fn: a model with `gradient_checkpointing_enable` (MLP, GPT, nn.Sequential,
         your ChainCheckpointing model), any Module, or a function of tensors.
+        Its outputs may nest in tuples and lists (an LSTM's output, (h_n, c_n)):
+        they are compared, and handed to loss_fn, as one flat list.
     inputs: a tuple of fn's arguments (tensors, token-id arrays, anything),
         or one tensor. The tensors that require grad must be leaves; their
         gradients are compared with the parameters'.
@@ -423,7 +425,7 @@ def _run(call, loss_fn, leaves, seed, state, order=None):
     with random.observing() as observed:
         try:
             result = call()
-            outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+            outputs = _flat(result)
             if leaves is None:
                 leaves = sorted(_leaves(outputs), key=lambda t: order.get(id(t), len(order)))
                 if not leaves:
@@ -441,6 +443,13 @@ def _run(call, loss_fn, leaves, seed, state, order=None):
         buffers={name: _host(b) for name, b in state.buffers},
         generators={id(g): (g, g.bit_generator.state) for g, _ in observed},
     )
+
+
+def _flat(result):
+    """fn's outputs as a flat list: nested tuples and lists unpacked (an LSTM's output, (h_n, c_n))."""
+    if isinstance(result, (tuple, list)):
+        return [o for r in result for o in _flat(r)]
+    return [result]
 
 
 def _leaves(outputs):
