@@ -59,12 +59,12 @@ def flat(output, state):
 @pytest.mark.parametrize("bias", [True, False])
 def test_lstm_matches_pytorch_outputs_and_gradients(batch_first, bias):
     torch = torch_or_skip()
-    T, B, I, H, L = 5, 3, 4, 6, 2
+    T, B, D, H, L = 5, 3, 4, 6, 2  # steps, batch, input size, hidden size, layers
     torch.manual_seed(0)
-    theirs = torch.nn.LSTM(I, H, L, bias=bias, batch_first=batch_first).double()
-    ours = LSTM(I, H, L, bias=bias, batch_first=batch_first, dtype=F64)
+    theirs = torch.nn.LSTM(D, H, L, bias=bias, batch_first=batch_first).double()
+    ours = LSTM(D, H, L, bias=bias, batch_first=batch_first, dtype=F64)
     ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})  # the same names
-    x = rng(1).standard_normal((B, T, I) if batch_first else (T, B, I))
+    x = rng(1).standard_normal((B, T, D) if batch_first else (T, B, D))
     h0, c0 = rng(2).standard_normal((L, B, H)), rng(3).standard_normal((L, B, H))
     weights = [rng(4 + k).standard_normal(s) for k, s in enumerate([x.shape[:2] + (H,), (L, B, H), (L, B, H)])]
 
@@ -147,9 +147,9 @@ def lstm_policies():
 def test_checkpointed_through_time_gives_the_plain_gradients_exactly(data, T, num_layers, batch_first, with_state,
                                                                        policy, seed):
     segments = data.draw(tst.segment_plans(T), label="segments")
-    B, I, H = 2, 3, 4
-    lstm = LSTM(I, H, num_layers, batch_first=batch_first, dtype=F64, rng=rng(seed))
-    x = leaf(*((B, T, I) if batch_first else (T, B, I)), seed=seed + 1)
+    B, D, H = 2, 3, 4  # batch, input size, hidden size
+    lstm = LSTM(D, H, num_layers, batch_first=batch_first, dtype=F64, rng=rng(seed))
+    x = leaf(*((B, T, D) if batch_first else (T, B, D)), seed=seed + 1)
     inputs = (x, (leaf(num_layers, B, H, seed=seed + 2), leaf(num_layers, B, H, seed=seed + 3))) if with_state else (x,)
     report = check_checkpoint(lstm, inputs, strategy=segments, policy=policy, rtol=0, atol=0, raise_exception=True)
     assert len(report.entries) == 3 + len(list(lstm.parameters())) + 1 + (2 if with_state else 0)  # outputs, grads
