@@ -81,5 +81,4 @@ class Encoder(ChainCheckpointing, Module):
         logits = self.head(x)  # (B, num_classes)
         if targets is None:
             return logits, None
-        targets = targets.data if isinstance(targets, Tensor) else targets
-        return logits, F.cross_entropy(logits, backend.to_device(targets, logits.device))
+        return logits, F.cross_entropy(logits, targets)  # host targets: range-checked there, then copied over

@@ -319,6 +319,4 @@ class LSTMLanguageModel(Module):
         logits = self.lm_head(self.drop(x))  # (B, T, vocab_size)
         if targets is None:
             return logits, None
-        targets = targets.data if isinstance(targets, Tensor) else targets
-        loss = F.cross_entropy(logits, backend.to_device(targets, logits.device), ignore_index=-100)
-        return logits, loss
+        return logits, F.cross_entropy(logits, targets, ignore_index=-100)  # host targets: range-checked, copied over
