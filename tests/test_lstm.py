@@ -271,6 +271,16 @@ def test_the_language_model_checkpointed_gives_the_plain_gradients_exactly(segme
     assert {e.name for e in report.entries} >= {n for n, _ in model.named_parameters()}
 
 
+def test_check_checkpoint_leaves_the_language_models_switch_as_it_was():
+    model = LSTMLanguageModel(LSTMConfig(vocab_size=5, n_embd=3, hidden_size=4), rng=rng(), dtype=F64)
+    ids = rng(1).integers(0, 5, (2, 4))
+    for before in (None, "every"):  # off stays off; on stays on, as it was
+        if before is not None:
+            model.gradient_checkpointing_enable(before)
+        assert check_checkpoint(model, (ids, ids), strategy="sqrt", rtol=0, atol=0).passed
+        assert model.lstm.checkpoint_segments == before
+
+
 def test_trainer_trains_the_language_model():
     tokenizer, data = text_data(5000, block_size=16)
     model = LSTMLanguageModel(LSTMConfig(vocab_size=tokenizer.vocab_size, n_embd=8, hidden_size=16), rng=rng())

@@ -362,16 +362,19 @@ def _describe(value):
     return repr(value)
 
 
-_SWITCH = ("checkpoint_segments", "checkpoint_policy", "checkpoint_split_blocks")
+_SWITCH = ("checkpoint_segments", "checkpoint_policy", "checkpoint_options", "checkpoint_split_blocks")
 
 
 def _switch_state(model):
-    return {name: getattr(model, name) for name in _SWITCH if hasattr(model, name)}
+    """The switch of the model and of every module in it (an LSTM language model keeps it on its LSTM)."""
+    holders = model.modules() if isinstance(model, Module) else [model]
+    return [(m, {name: getattr(m, name) for name in _SWITCH if hasattr(m, name)}) for m in holders]
 
 
 def _set_switch_state(model, state):
-    for name, value in state.items():
-        setattr(model, name, value)
+    for holder, values in state:
+        for name, value in values.items():
+            setattr(holder, name, value)
 
 
 @dataclass
@@ -393,7 +396,7 @@ class _restored:
         self.generators = {}  # id -> (generator, state before its first draw)
 
     def __enter__(self):
-        self.switch = _switch_state(self.switch_model) if self.switch_model is not None else {}
+        self.switch = _switch_state(self.switch_model) if self.switch_model is not None else []
         self.buffer_values = [(b, b.data.copy()) for _, b in self.buffers]
         return self
 
