@@ -306,6 +306,10 @@ def test_bad_input_gets_an_error_that_says_what_to_do():
         lstm(Tensor(numpy.zeros((6, 4), dtype=numpy.float32)))
     with pytest.raises(TypeError, match="input must be a Tensor"):
         lstm(numpy.zeros((6, 2, 4)))
+    with pytest.raises(TypeError, match="input is float64, the parameters are float32"):
+        lstm(Tensor(numpy.zeros((6, 2, 4))))
+    with pytest.raises(ValueError, match="no time steps"):
+        lstm(Tensor(numpy.zeros((0, 2, 4), dtype=numpy.float32)))
     x = Tensor(numpy.zeros((6, 2, 4), dtype=numpy.float32))
     with pytest.raises(ValueError, match=r"expected h_0 of shape \(2, 2, 3\)"):
         lstm(x, (Tensor(numpy.zeros((1, 2, 3))), Tensor(numpy.zeros((2, 2, 3)))))

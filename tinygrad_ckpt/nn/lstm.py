@@ -113,6 +113,9 @@ class LSTM(ChainCheckpointing, Module):
         hx      (h_0, c_0), each (num_layers, B, hidden_size); zeros if None
         output  the last layer's h at every step: (T, B, hidden_size), or (B, T, hidden_size)
         h_n, c_n  every layer's state after the last step: (num_layers, B, hidden_size)
+
+    The switch gradient_checkpointing_enable / _disable is ChainCheckpointing's,
+    with the time steps as the chain: segments count steps.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
@@ -134,9 +137,7 @@ class LSTM(ChainCheckpointing, Module):
 
     def layer_weights(self, k):
         """(weight_ih, weight_hh, bias_ih, bias_hh) of layer k (the biases None without bias)."""
-        names = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if self.bias else ())
-        weights = tuple(getattr(self, f"{name}_l{k}") for name in names)
-        return weights if self.bias else weights + (None, None)
+        return tuple(getattr(self, f"{name}_l{k}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
 
     # -- checkpointing through time --------------------------------------------------
     def gradient_checkpointing_enable(self, segments="every", policy=None, gradient_checkpointing_kwargs=None,
@@ -154,7 +155,7 @@ class LSTM(ChainCheckpointing, Module):
     def time_segments(self, T):
         """[(start, stop, how)] for T steps: one plain segment when checkpointing is off (see schedules.py)."""
         segments = self.checkpoint_segments
-        if segments is None or T == 0:
+        if segments is None:
             return [(0, T, False)]
         if isinstance(segments, numbers.Integral) and not isinstance(segments, bool):
             segments = min(int(segments), T)  # a shorter sequence than the count: one step per segment
@@ -218,10 +219,15 @@ class LSTM(ChainCheckpointing, Module):
         layout = "(batch, seq_len, input_size)" if self.batch_first else "(seq_len, batch, input_size)"
         if input.ndim != 3:
             raise ValueError(f"LSTM: expected input of 3 dimensions {layout}, got shape {input.shape}"
-                             + ("; add a batch axis: x.unsqueeze(1)" if input.ndim == 2 else ""))
+                             + (f"; add a batch axis: x.unsqueeze({int(not self.batch_first)})" if input.ndim == 2 else ""))
         if input.shape[-1] != self.input_size:
             raise ValueError(f"LSTM: input.size(-1) must be equal to input_size. Expected {self.input_size}, "
                              f"got {input.shape[-1]} (input shape {input.shape}, read as {layout})")
+        if input.shape[int(self.batch_first)] == 0:
+            raise ValueError(f"LSTM: the input has no time steps (shape {input.shape}, read as {layout})")
+        if input.dtype != self.weight_ih_l0.dtype:
+            raise TypeError(f"LSTM: input is {input.dtype}, the parameters are {self.weight_ih_l0.dtype}; convert "
+                            f"the input with x.to(dtype=...) or build the LSTM with dtype={input.dtype}")
         return input
 
     def _checked_state(self, hx, shape):
