@@ -57,6 +57,7 @@ def test_the_task_labels_are_the_majority_tokens():
         majority_token_task(10, vocab_size=1)
 
 
+@pytest.mark.backends("numpy")  # learning is the ops' work, which the other tests check on every backend
 def test_the_encoder_learns_the_majority_task():
     ids, labels = majority_token_task(256, seq_len=12, vocab_size=6, seed=0)
     config = EncoderConfig(block_size=12, vocab_size=6, num_classes=6, n_layer=1, n_head=2, n_embd=16)
