@@ -27,12 +27,24 @@ step's gates until backward reaches it: memory grows with T. Chen et al.
 2016 cut the sequence into sqrt(T) segments and keep only each segment's
 input, recomputing its steps in backward; Gruslys et al. 2016
 ("Memory-Efficient Backpropagation Through Time") plan the cuts for a
-budget. Here the chain is the time steps: `lstm.gradient_checkpointing_enable(
+budget by dynamic programming, of which schedules.revolve(T, slots),
+Griewank's nested plan, is the case of equal steps. Here the chain is the time steps: `lstm.gradient_checkpointing_enable(
 segments, policy)` takes what the GPT's takes ('every', 'sqrt', an int, a
 list of boundaries, a schedules.Plan, nested segments), counted in time
 steps, and each layer runs its steps segment by segment through checkpoint():
 a checkpointed segment keeps its steps' inputs and the state (h, c) it
 starts from, and hands its last (h, c) to the next segment.
+
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor
+    >>> lstm = LSTM(input_size=3, hidden_size=5, num_layers=2, rng=numpy.random.default_rng(0))
+    >>> x = Tensor(numpy.ones((16, 2, 3), dtype=numpy.float32))  # (T, B, input_size)
+    >>> output, (h_n, c_n) = lstm(x)
+    >>> output.shape, h_n.shape
+    ((16, 2, 5), (2, 2, 5))
+    >>> lstm.gradient_checkpointing_enable("sqrt")  # each layer: 4 segments of 4 steps
+    >>> lstm.time_segments(16)
+    [(0, 4, True), (4, 8, True), (8, 12, True), (12, 16, True)]
 
 What does not live here: checkpointing (checkpoint.py), where to cut
 (schedules.py), the layers the language model borrows (layers.py), the
@@ -145,8 +157,9 @@ class LSTM(ChainCheckpointing, Module):
         """Checkpoint through time: segments of time steps, each keeping only its steps' inputs and the
         state it starts from, recomputed in backward. segments: 'every' (one per step), 'sqrt'
         (round(sqrt(T)) segments, Chen et al.), an int (that many, or T if the sequence is shorter),
-        boundaries such as [0, 16, 32] or a schedules.Plan (these name a sequence length: a sequence
-        of another length is an error). policy, gradient_checkpointing_kwargs and keywords: as
+        boundaries such as [0, 16, 32] (the last segment runs to the sequence's end), or explicit
+        (start, stop, how) segments or a schedules.Plan, which are for one length (another is an
+        error in forward). policy, gradient_checkpointing_kwargs and keywords: as
         ChainCheckpointing's. A bad value is an error here, not in forward, and changes nothing."""
         kwargs = self._checkpointing_kwargs(segments, gradient_checkpointing_kwargs, checkpoint_options)
         segments, policy = kwargs.pop("segments", segments), kwargs.pop("policy", policy)
@@ -264,7 +277,8 @@ class _Steps:
 def _length_named_by(segments):
     """A sequence length that `segments` fits, to check them before any sequence is seen.
 
-    'sqrt', 'every' and ints fit any length; boundaries and Plans name their own.
+    'sqrt', 'every' and ints fit any length; boundaries fit from their last one on; segments
+    and Plans name their own.
     """
     if isinstance(segments, Plan):
         segments = segments.segments
