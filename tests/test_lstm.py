@@ -155,6 +155,21 @@ def test_checkpointed_through_time_gives_the_plain_gradients_exactly(data, T, nu
     assert len(report.entries) == 3 + len(list(lstm.parameters())) + 1 + (2 if with_state else 0)  # outputs, grads
 
 
+@pytest.mark.equivalence
+@pytest.mark.parametrize("options", [dict(early_stop=False), dict(determinism_check="values"),
+                                     dict(gradient_checkpointing_kwargs={"use_reentrant": False})])
+def test_checkpoints_own_options_pass_through(options):
+    """checkpoint()'s keywords reach every segment's checkpoint: the plain recompute, the value check."""
+    lstm, x = LSTM(2, 3, num_layers=2, dtype=F64, rng=rng()), leaf(6, 2, 2)
+
+    def strategy(model, *inputs):
+        model.gradient_checkpointing_enable("sqrt", **options)
+        return model(*inputs)
+
+    check_checkpoint(lstm, (x,), strategy=strategy, rtol=0, atol=0, raise_exception=True)
+    assert lstm.checkpoint_segments is None  # check_checkpoint put the switch back
+
+
 def test_every_way_to_cut_time_is_run_and_recomputed():
     """Each strategy really checkpoints (a recompute runs) and cuts where it says (one record per segment)."""
     T = 9
