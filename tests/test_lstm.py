@@ -338,8 +338,11 @@ def test_bad_input_gets_an_error_that_says_what_to_do():
 def test_bad_segments_are_refused_at_enable_and_change_nothing():
     lstm = LSTM(2, 3)
     lstm.gradient_checkpointing_enable("sqrt")
-    for bad, error in ((0, ValueError), ("half", ValueError), ([0, 4, 2], ValueError), (2.5, TypeError)):
-        with pytest.raises(error):
+    for bad, error, message in ((0, ValueError, "at least 1 segment of time steps, got 0"),
+                                ("half", ValueError, "segments must be 'sqrt', 'every'"),
+                                ([0, 4, 2], ValueError, "must increase strictly"),
+                                (2.5, TypeError, "segments must be an int")):
+        with pytest.raises(error, match=message):
             lstm.gradient_checkpointing_enable(bad)
         assert lstm.checkpoint_segments == "sqrt"  # the refused call changed nothing
     with pytest.raises(ValueError, match="policy"):

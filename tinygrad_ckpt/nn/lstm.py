@@ -277,7 +277,7 @@ class _Steps:
 def _length_named_by(segments):
     """A sequence length that `segments` fits, to check them before any sequence is seen.
 
-    'sqrt', 'every' and ints fit any length; boundaries fit from their last one on; segments
+    'sqrt', 'every' and counts fit any length (a count below 1 is an error); boundaries fit from their last one on; segments
     and Plans name their own.
     """
     if isinstance(segments, Plan):
@@ -288,7 +288,9 @@ def _length_named_by(segments):
             return last[1]
         if isinstance(last, numbers.Integral):  # boundaries: the last one (the length may come after it)
             return int(last)
-    if isinstance(segments, numbers.Integral) and not isinstance(segments, bool) and segments >= 1:
+    if isinstance(segments, numbers.Integral) and not isinstance(segments, bool):
+        if segments < 1:
+            raise ValueError(f"LSTM: segments must be a count of at least 1 segment of time steps, got {segments}")
         return int(segments)
     return 1  # what segment_bounds(1, segments) refuses, it refuses with its own message
 
