@@ -1,4 +1,4 @@
-"""The embedded data set, a character tokenizer, and batching.
+"""The embedded data set, a character tokenizer, batching, and the encoder's generated task.
 
 What lives here, in the order a training run uses it:
 
@@ -10,7 +10,11 @@ What lives here, in the order a training run uses it:
     batch = collate([train[i] for i in order[:16]])  # {"input_ids": (16, 64), "labels": (16, 64)}
 
 `load_char_datasets(...)` does the first four lines at once, with clear
-errors for a missing, empty or too-short file.
+errors for a missing, empty or too-short file. The language models (the
+GPT, the LSTM) learn from it.
+
+The encoder (nn.Encoder, a classifier) has a task of its own, generated
+from a seed: `majority_token_task(n)` -> (input_ids (n, T), labels (n,)).
 
 The default text (`assets/shakespeare.txt`, 390 KB, four plays; see
 `assets/README.md` for its source and licence) ships inside the package, so
@@ -296,3 +300,25 @@ def collate(examples, pad_id=0):
         input_ids[b, :n] = ex["input_ids"]
         labels[b, :n] = ex["labels"]
     return {"input_ids": input_ids, "labels": labels}
+
+
+# -- a generated task for the encoder -------------------------------------------------
+def majority_token_task(n_examples, seq_len=16, vocab_size=8, seed=0):
+    """The encoder's small task (nn.Encoder), generated: which token appears most often in a sequence?
+
+    Returns (input_ids (n_examples, seq_len), labels (n_examples,)), int64:
+    label b is the token most frequent in row b (the smallest id on a tie),
+    so there are vocab_size classes. Each row favours a token drawn at random
+    (about a third of its positions), so most rows have a clear majority. The
+    seed alone decides the arrays; nothing is downloaded. A sequence task: no
+    single position tells the answer, every position counts.
+    """
+    if n_examples < 1 or seq_len < 1 or vocab_size < 2:
+        raise ValueError(f"majority_token_task needs n_examples >= 1, seq_len >= 1 and vocab_size >= 2, got "
+                         f"{n_examples}, {seq_len}, {vocab_size}")
+    rng = numpy.random.default_rng(seed)
+    ids = rng.integers(0, vocab_size, size=(n_examples, seq_len))
+    favourite = rng.integers(0, vocab_size, size=(n_examples, 1))
+    ids = numpy.where(rng.random((n_examples, seq_len)) < 0.3, favourite, ids)  # (n, T)
+    counts = (ids[:, :, None] == numpy.arange(vocab_size)).sum(axis=1)  # (n, vocab_size): each token's count
+    return ids.astype(numpy.int64), counts.argmax(axis=1).astype(numpy.int64)  # argmax: the first on a tie

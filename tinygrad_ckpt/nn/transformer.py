@@ -25,8 +25,11 @@ feed-forward, each with its residual add): a recompute then holds half a
 block's inside at a time, which lowers the peak, most of all with a
 selective policy, whose block recompute would otherwise hold both halves.
 
+The encoder (encoder.py) is these blocks with causal=False: attention
+without the mask, as in BERT.
+
 What does not live here: the layers (layers.py), checkpointing (checkpoint.py),
-the training loop (train.py).
+the training loop (train.py), the encoder (encoder.py).
 """
 
 import math
@@ -56,9 +59,12 @@ class GPTConfig:
 
 
 class CausalSelfAttention(Module):
-    """Multi-head self-attention where position t sees only positions <= t."""
+    """Multi-head self-attention where position t sees only positions <= t.
 
-    def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
+    causal=False: every position sees every position, as in BERT's encoder (encoder.py).
+    """
+
+    def __init__(self, config, rng=None, dtype=numpy.float32, device=None, causal=True):
         super().__init__()
         if config.n_embd % config.n_head != 0:
             raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
@@ -70,7 +76,7 @@ class CausalSelfAttention(Module):
                              init_std=0.02 / math.sqrt(2 * config.n_layer))
         self.attn_dropout = Dropout(config.dropout, rng=rng)
         self.resid_dropout = Dropout(config.dropout, rng=rng)
-        self.n_head, self.n_embd = config.n_head, C
+        self.n_head, self.n_embd, self.causal = config.n_head, C, causal
 
     def forward(self, x):
         B, T, C = x.shape  # batch, sequence length, embedding width
@@ -81,9 +87,10 @@ class CausalSelfAttention(Module):
         v = v.reshape(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
 
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-        xp = backend.module_of(x.data)
-        future = xp.triu(xp.ones((T, T), dtype=bool), k=1)  # (T, T): True where key position > query position
-        att = att.masked_fill(future, float("-inf"))
+        if self.causal:
+            xp = backend.module_of(x.data)
+            future = xp.triu(xp.ones((T, T), dtype=bool), k=1)  # (T, T): True where key position > query position
+            att = att.masked_fill(future, float("-inf"))
         att = att.softmax(axis=-1)  # each row: weights over the positions it may see
         att = self.attn_dropout(att)
         y = att @ v  # (B, nh, T, T) @ (B, nh, T, hs) -> (B, nh, T, hs)
@@ -110,12 +117,15 @@ class FeedForward(Module):
 
 
 class TransformerBlock(Module):
-    """Pre-LayerNorm block: attention, then feed-forward, each added to the residual stream."""
+    """Pre-LayerNorm block: attention, then feed-forward, each added to the residual stream.
 
-    def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
+    causal=False: attention without the mask (the encoder's blocks, encoder.py).
+    """
+
+    def __init__(self, config, rng=None, dtype=numpy.float32, device=None, causal=True):
         super().__init__()
         self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, dtype=dtype, device=device)
-        self.attn = CausalSelfAttention(config, rng=rng, dtype=dtype, device=device)
+        self.attn = CausalSelfAttention(config, rng=rng, dtype=dtype, device=device, causal=causal)
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, dtype=dtype, device=device)
         self.mlp = FeedForward(config, rng=rng, dtype=dtype, device=device)
 

@@ -249,6 +249,8 @@ def check_checkpoint(fn, inputs, strategy=None, policy=None, *, split_blocks=Non
 
     fn: a model with `gradient_checkpointing_enable` (MLP, GPT, nn.Sequential,
         your ChainCheckpointing model), any Module, or a function of tensors.
+        Its outputs may nest in tuples and lists (an LSTM's output, (h_n, c_n)):
+        they are compared, and handed to loss_fn, as one flat list.
     inputs: a tuple of fn's arguments (tensors, token-id arrays, anything),
         or one tensor. The tensors that require grad must be leaves; their
         gradients are compared with the parameters'.
@@ -360,16 +362,19 @@ def _describe(value):
     return repr(value)
 
 
-_SWITCH = ("checkpoint_segments", "checkpoint_policy", "checkpoint_split_blocks")
+_SWITCH = ("checkpoint_segments", "checkpoint_policy", "checkpoint_options", "checkpoint_split_blocks")
 
 
 def _switch_state(model):
-    return {name: getattr(model, name) for name in _SWITCH if hasattr(model, name)}
+    """The switch of the model and of every module in it (an LSTM language model keeps it on its LSTM)."""
+    holders = model.modules() if isinstance(model, Module) else [model]
+    return [(m, {name: getattr(m, name) for name in _SWITCH if hasattr(m, name)}) for m in holders]
 
 
 def _set_switch_state(model, state):
-    for name, value in state.items():
-        setattr(model, name, value)
+    for holder, values in state:
+        for name, value in values.items():
+            setattr(holder, name, value)
 
 
 @dataclass
@@ -391,7 +396,7 @@ class _restored:
         self.generators = {}  # id -> (generator, state before its first draw)
 
     def __enter__(self):
-        self.switch = _switch_state(self.switch_model) if self.switch_model is not None else {}
+        self.switch = _switch_state(self.switch_model) if self.switch_model is not None else []
         self.buffer_values = [(b, b.data.copy()) for _, b in self.buffers]
         return self
 
@@ -423,7 +428,7 @@ def _run(call, loss_fn, leaves, seed, state, order=None):
     with random.observing() as observed:
         try:
             result = call()
-            outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+            outputs = _flat(result)
             if leaves is None:
                 leaves = sorted(_leaves(outputs), key=lambda t: order.get(id(t), len(order)))
                 if not leaves:
@@ -441,6 +446,13 @@ def _run(call, loss_fn, leaves, seed, state, order=None):
         buffers={name: _host(b) for name, b in state.buffers},
         generators={id(g): (g, g.bit_generator.state) for g, _ in observed},
     )
+
+
+def _flat(result):
+    """fn's outputs as a flat list: nested tuples and lists unpacked (an LSTM's output, (h_n, c_n))."""
+    if isinstance(result, (tuple, list)):
+        return [o for r in result for o in _flat(r)]
+    return [result]
 
 
 def _leaves(outputs):

@@ -1,0 +1,344 @@
+"""The LSTM: a cell, a layer that runs it through time, checkpointed through time, and a language model.
+
+The pieces, from the inside out:
+
+    lstm_cell            one time step: (x_t, h, c) -> (h', c'), PyTorch's equations
+    LSTMCell             that step as a module (weight_ih, weight_hh, bias_ih, bias_hh)
+    LSTM                 num_layers stacked layers, each the cell over every time step
+    LSTMLanguageModel    token embedding -> LSTM -> lm_head, returning (logits, loss) as the GPT does
+
+One step of the cell (Hochreiter & Schmidhuber 1997; the gates in PyTorch's
+order i, f, g, o, stacked in the rows of the weights):
+
+    i, f, g, o = split(x_t @ W_ih.T + b_ih + h @ W_hh.T + b_hh)   # each (B, H)
+    c' = sigmoid(f) * c + sigmoid(i) * tanh(g)                   # the cell state: forget, then write
+    h' = sigmoid(o) * tanh(c')                                   # the output: a gated view of c'
+
+Names, shapes and initialisation are PyTorch's (torch.nn.LSTM's state_dict
+loads as it is): weight_ih_l{k} (4H, input size), weight_hh_l{k} (4H, H),
+bias_ih_l{k} and bias_hh_l{k} (4H,), all drawn from U(-1/sqrt(H), 1/sqrt(H)).
+Input (T, B, input_size), or (B, T, input_size) with batch_first=True; the
+initial state (h_0, c_0), each (num_layers, B, H), zeros when not given.
+Not supported: PyTorch's dropout between layers, bidirectional, proj_size,
+unbatched (2-D) input.
+
+Checkpointing through time. Backpropagation through T steps keeps every
+step's gates until backward reaches it: memory grows with T. Chen et al.
+2016 cut the sequence into sqrt(T) segments and keep only each segment's
+input, recomputing its steps in backward; Gruslys et al. 2016
+("Memory-Efficient Backpropagation Through Time") plan the cuts for a
+budget by dynamic programming, of which schedules.revolve(T, slots),
+Griewank's nested plan, is the case of equal steps. Here the chain is the time steps: `lstm.gradient_checkpointing_enable(
+segments, policy)` takes what the GPT's takes ('every', 'sqrt', an int, a
+list of boundaries, a schedules.Plan, nested segments), counted in time
+steps, and each layer runs its steps segment by segment through checkpoint():
+a checkpointed segment keeps its steps' inputs and the state (h, c) it
+starts from, and hands its last (h, c) to the next segment.
+
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor
+    >>> lstm = LSTM(input_size=3, hidden_size=5, num_layers=2, rng=numpy.random.default_rng(0))
+    >>> x = Tensor(numpy.ones((16, 2, 3), dtype=numpy.float32))  # (T, B, input_size)
+    >>> output, (h_n, c_n) = lstm(x)
+    >>> output.shape, h_n.shape
+    ((16, 2, 5), (2, 2, 5))
+    >>> lstm.gradient_checkpointing_enable("sqrt")  # each layer: 4 segments of 4 steps
+    >>> lstm.time_segments(16)
+    [(0, 4, True), (4, 8, True), (8, 12, True), (12, 16, True)]
+
+What does not live here: checkpointing (checkpoint.py), where to cut
+(schedules.py), the layers the language model borrows (layers.py), the
+training loop (train.py).
+"""
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy
+
+from .. import backend, random
+from .. import functional as F
+from ..checkpoint import ChainCheckpointing, checkpoint
+from ..schedules import Plan, segment_bounds
+from ..tensor import Tensor
+from .layers import Dropout, Embedding, Linear
+from .module import Module, Parameter
+
+
+def lstm_cell(x, h, c, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
+    """One LSTM step: x (B, input_size), h and c (B, H) -> (h', c'), each (B, H)."""
+    H = h.shape[-1]
+    gates = F.linear(x, weight_ih, bias_ih) + F.linear(h, weight_hh, bias_hh)  # (B, 4H)
+    i, f, g, o = gates.split(H, dim=-1)  # four views (B, H): input, forget, cell, output gates
+    c = f.sigmoid() * c + i.sigmoid() * g.tanh()  # (B, H)
+    h = o.sigmoid() * c.tanh()  # (B, H)
+    return h, c
+
+
+def _uniform(rng, shape, bound, dtype, device):
+    return Parameter(rng.uniform(-bound, bound, size=shape), dtype=dtype, device=device)
+
+
+def _zeros(like, shape):
+    """A zero state (h or c) of `shape`, in like's dtype and on its device."""
+    xp = backend.module_for(like.device)
+    return Tensor(xp.zeros(shape, dtype=like.dtype), device=like.device)
+
+
+class LSTMCell(Module):
+    """One LSTM step as a module: forward(x (B, input_size), (h, c)) -> (h', c'), each (B, hidden_size).
+
+    (h, c) defaults to zeros. Parameters as torch.nn.LSTMCell's.
+    """
+
+    def __init__(self, input_size, hidden_size, bias=True, dtype=numpy.float32, device=None, rng=None):
+        super().__init__()
+        rng = random.generator(rng)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        bound = 1 / math.sqrt(hidden_size)  # PyTorch's
+        self.weight_ih = _uniform(rng, (4 * hidden_size, input_size), bound, dtype, device)
+        self.weight_hh = _uniform(rng, (4 * hidden_size, hidden_size), bound, dtype, device)
+        self.bias_ih = _uniform(rng, (4 * hidden_size,), bound, dtype, device) if bias else None
+        self.bias_hh = _uniform(rng, (4 * hidden_size,), bound, dtype, device) if bias else None
+
+    def forward(self, x, hx=None):
+        if x.ndim != 2 or x.shape[1] != self.input_size:
+            raise ValueError(f"LSTMCell: expected input of shape (batch, input_size={self.input_size}), "
+                             f"got {x.shape}")
+        shape = (x.shape[0], self.hidden_size)  # (B, H)
+        h, c = hx if hx is not None else (_zeros(self.weight_hh, shape), _zeros(self.weight_hh, shape))
+        for name, t in (("h", h), ("c", c)):
+            if t.shape != shape:
+                raise ValueError(f"LSTMCell: expected {name} of shape {shape} (batch, hidden_size), got {t.shape}")
+        return lstm_cell(x, h, c, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+
+    def extra_repr(self):
+        return f"{self.input_size}, {self.hidden_size}, bias={self.bias_ih is not None}"
+
+
+class LSTM(ChainCheckpointing, Module):
+    """num_layers LSTM layers, each the cell over every time step; see the module docstring.
+
+    forward(input, hx=None) -> output, (h_n, c_n), as torch.nn.LSTM:
+        input   (T, B, input_size), or (B, T, input_size) with batch_first
+        hx      (h_0, c_0), each (num_layers, B, hidden_size); zeros if None
+        output  the last layer's h at every step: (T, B, hidden_size), or (B, T, hidden_size)
+        h_n, c_n  every layer's state after the last step: (num_layers, B, hidden_size)
+
+    The switch gradient_checkpointing_enable / _disable is ChainCheckpointing's,
+    with the time steps as the chain: segments count steps.
+    """
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
+                 dtype=numpy.float32, device=None, rng=None):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"LSTM: num_layers must be at least 1, got {num_layers}")
+        rng = random.generator(rng)
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first = bias, batch_first
+        H, bound = hidden_size, 1 / math.sqrt(hidden_size)  # PyTorch's initialisation
+        for k in range(num_layers):  # PyTorch's names and order: weight_ih_l0, weight_hh_l0, bias_ih_l0, ...
+            width_in = input_size if k == 0 else H
+            setattr(self, f"weight_ih_l{k}", _uniform(rng, (4 * H, width_in), bound, dtype, device))
+            setattr(self, f"weight_hh_l{k}", _uniform(rng, (4 * H, H), bound, dtype, device))
+            if bias:
+                setattr(self, f"bias_ih_l{k}", _uniform(rng, (4 * H,), bound, dtype, device))
+                setattr(self, f"bias_hh_l{k}", _uniform(rng, (4 * H,), bound, dtype, device))
+
+    def layer_weights(self, k):
+        """(weight_ih, weight_hh, bias_ih, bias_hh) of layer k (the biases None without bias)."""
+        return tuple(getattr(self, f"{name}_l{k}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+
+    # -- checkpointing through time --------------------------------------------------
+    def gradient_checkpointing_enable(self, segments="every", policy=None, gradient_checkpointing_kwargs=None,
+                                      **checkpoint_options):
+        """Checkpoint through time: segments of time steps, each keeping only its steps' inputs and the
+        state it starts from, recomputed in backward. segments: 'every' (one per step), 'sqrt'
+        (round(sqrt(T)) segments, Chen et al.), an int (that many, or T if the sequence is shorter),
+        boundaries such as [0, 16, 32] (the last segment runs to the sequence's end), or explicit
+        (start, stop, how) segments or a schedules.Plan, which are for one length (another is an
+        error in forward). policy, gradient_checkpointing_kwargs and keywords: as
+        ChainCheckpointing's. A bad value is an error here, not in forward, and changes nothing."""
+        kwargs = self._checkpointing_kwargs(segments, gradient_checkpointing_kwargs, checkpoint_options)
+        segments, policy = kwargs.pop("segments", segments), kwargs.pop("policy", policy)
+        self._set_checkpointing(_length_named_by(segments), segments, policy, kwargs)
+
+    def time_segments(self, T):
+        """[(start, stop, how)] for T steps: one plain segment when checkpointing is off (see schedules.py)."""
+        segments = self.checkpoint_segments
+        if segments is None:
+            return [(0, T, False)]
+        if isinstance(segments, numbers.Integral) and not isinstance(segments, bool):
+            segments = min(int(segments), T)  # a shorter sequence than the count: one step per segment
+        try:
+            return segment_bounds(T, segments)
+        except ValueError as e:
+            raise ValueError(f"LSTM: the checkpoint segments do not fit a sequence of {T} time steps ({e}); "
+                             "call gradient_checkpointing_enable with segments for this length, or with "
+                             "'sqrt', 'every' or an int, which fit any length") from None
+
+    # -- forward --------------------------------------------------------------------
+    def forward(self, input, hx=None):
+        x = self._checked_input(input)
+        x = x.transpose(0, 1) if self.batch_first else x  # (T, B, input_size)
+        T, B, _ = x.shape
+        shape = (self.num_layers, B, self.hidden_size)
+        h_0, c_0 = self._checked_state(hx, shape) if hx is not None else (None, None)
+        segments = self.time_segments(T)
+        h_n, c_n = [], []
+        for k in range(self.num_layers):
+            h = h_0[k] if h_0 is not None else _zeros(self.weight_hh_l0, shape[1:])  # (B, H)
+            c = c_0[k] if c_0 is not None else _zeros(self.weight_hh_l0, shape[1:])  # (B, H)
+            x, h, c = self.through_time(k, x, h, c, segments, self.checkpoint_policy)  # x: (T, B, H), layer k's h
+            h_n.append(h)
+            c_n.append(c)
+        output = x.transpose(0, 1) if self.batch_first else x
+        return output, (F.stack(h_n), F.stack(c_n))  # h_n, c_n: (num_layers, B, H)
+
+    def through_time(self, k, x, h, c, segments, policy=None):
+        """Layer k over the steps of x (L, B, I), from (h, c), one segment of steps after another.
+
+        segments: [(start, stop, how)] covering x's L steps; how False runs the steps, True
+        checkpoints them, a list is a checkpointed segment's own plan for its recompute (nested).
+        policy: the checkpoints' (an inner plan's keep nothing, as in checkpoint_sequential).
+        Returns (outputs (L, B, H), h, c).
+        """
+        pieces = x.split([stop - start for start, stop, _ in segments], dim=0) if len(segments) > 1 else [x]
+        outputs = []
+        for (start, stop, how), steps in zip(segments, pieces):
+            run = _Steps(self, k, start, stop, inner=how if isinstance(how, list) else None)
+            if how:  # checkpointed: keeps steps, h and c; runs again in backward
+                y, h, c = checkpoint(run, steps, h, c, policy=policy, **(self.checkpoint_options or {}))
+            else:
+                y, h, c = run(steps, h, c)
+            outputs.append(y)
+        return (outputs[0] if len(outputs) == 1 else F.cat(outputs, axis=0)), h, c
+
+    def run_steps(self, k, x, h, c):
+        """The plain loop: layer k's cell over every step of x (L, B, I); (outputs (L, B, H), h, c)."""
+        weights = self.layer_weights(k)
+        outputs = []
+        for x_t in x.split(1, dim=0):  # one record for all the steps' views, each (1, B, I)
+            h, c = lstm_cell(x_t.squeeze(0), h, c, *weights)  # (B, H) each
+            outputs.append(h)
+        return F.stack(outputs), h, c  # (L, B, H)
+
+    # -- checks -----------------------------------------------------------------------
+    def _checked_input(self, input):
+        if not isinstance(input, Tensor):
+            raise TypeError(f"LSTM: input must be a Tensor, got {type(input).__name__}")
+        layout = "(batch, seq_len, input_size)" if self.batch_first else "(seq_len, batch, input_size)"
+        if input.ndim != 3:
+            raise ValueError(f"LSTM: expected input of 3 dimensions {layout}, got shape {input.shape}"
+                             + (f"; add a batch axis: x.unsqueeze({int(not self.batch_first)})" if input.ndim == 2 else ""))
+        if input.shape[-1] != self.input_size:
+            raise ValueError(f"LSTM: input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                             f"got {input.shape[-1]} (input shape {input.shape}, read as {layout})")
+        if input.shape[int(self.batch_first)] == 0:
+            raise ValueError(f"LSTM: the input has no time steps (shape {input.shape}, read as {layout})")
+        if input.dtype != self.weight_ih_l0.dtype:
+            raise TypeError(f"LSTM: input is {input.dtype}, the parameters are {self.weight_ih_l0.dtype}; convert "
+                            f"the input with x.to(dtype=...) or build the LSTM with dtype={input.dtype}")
+        return input
+
+    def _checked_state(self, hx, shape):
+        if not (isinstance(hx, (tuple, list)) and len(hx) == 2 and all(isinstance(t, Tensor) for t in hx)):
+            raise TypeError("LSTM: hx must be a tuple of two Tensors (h_0, c_0), each (num_layers, batch, "
+                            "hidden_size)")
+        for name, t in zip(("h_0", "c_0"), hx):
+            if t.shape != shape:
+                raise ValueError(f"LSTM: expected {name} of shape {shape} (num_layers, batch, hidden_size), "
+                                 f"got {t.shape}")
+        return hx
+
+    def extra_repr(self):
+        return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, bias={self.bias}, "
+                f"batch_first={self.batch_first}")
+
+
+class _Steps:
+    """Steps start..stop of layer k, as a function (steps, h, c) -> (outputs, h, c) for checkpoint().
+
+    Named for error messages; a nested segment runs its inner plan (schedules.revolve's kind).
+    """
+
+    def __init__(self, lstm, k, start, stop, inner=None):
+        self.lstm, self.k, self.inner = lstm, k, inner
+        self.name = f"LSTM layer {k}, time steps [{start}:{stop}]"
+
+    def __call__(self, steps, h, c):
+        if self.inner is not None:
+            return self.lstm.through_time(self.k, steps, h, c, self.inner)
+        return self.lstm.run_steps(self.k, steps, h, c)
+
+
+def _length_named_by(segments):
+    """A sequence length that `segments` fits, to check them before any sequence is seen.
+
+    'sqrt', 'every' and counts fit any length (a count below 1 is an error); boundaries fit from their last one on; segments
+    and Plans name their own.
+    """
+    if isinstance(segments, Plan):
+        segments = segments.segments
+    if isinstance(segments, (list, tuple)) and segments:
+        last = segments[-1]
+        if isinstance(last, tuple) and len(last) == 3:  # (start, stop, how): the last stop
+            return last[1]
+        if isinstance(last, numbers.Integral):  # boundaries: the last one (the length may come after it)
+            return int(last)
+    if isinstance(segments, numbers.Integral) and not isinstance(segments, bool):
+        if segments < 1:
+            raise ValueError(f"LSTM: segments must be a count of at least 1 segment of time steps, got {segments}")
+        return int(segments)
+    return 1  # what segment_bounds(1, segments) refuses, it refuses with its own message
+
+
+# -- the language model ------------------------------------------------------------------
+@dataclass
+class LSTMConfig:
+    vocab_size: int = 256  # number of token ids (256: one per byte)
+    n_embd: int = 64  # token embedding width, the LSTM's input_size
+    hidden_size: int = 128  # width of h and c
+    num_layers: int = 1  # stacked LSTM layers
+    dropout: float = 0.0  # dropout probability on the embeddings and on the LSTM's output
+
+
+class LSTMLanguageModel(Module):
+    """Token ids (B, T) -> next-token logits (B, T, vocab_size), and the loss if targets are given.
+
+    The GPT's contract (forward returns (logits, loss); train.Trainer trains
+    either), with an LSTM where the GPT has its blocks: no position
+    embedding and no context limit, since the state carries the past.
+    gradient_checkpointing_enable checkpoints the LSTM through time.
+    """
+
+    def __init__(self, config, rng=None, dtype=numpy.float32, device=None):
+        super().__init__()
+        self.config = config
+        init = random.generator(rng)
+        self.wte = Embedding(config.vocab_size, config.n_embd, dtype=dtype, device=device, rng=init)
+        self.drop = Dropout(config.dropout, rng=rng)
+        self.lstm = LSTM(config.n_embd, config.hidden_size, config.num_layers, batch_first=True, dtype=dtype,
+                         device=device, rng=init)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype=dtype, device=device, rng=init)
+
+    def gradient_checkpointing_enable(self, *args, **kwargs):
+        """Checkpoint the LSTM through time: LSTM.gradient_checkpointing_enable's arguments."""
+        self.lstm.gradient_checkpointing_enable(*args, **kwargs)
+
+    def gradient_checkpointing_disable(self):
+        self.lstm.gradient_checkpointing_disable()
+
+    def forward(self, idx, targets=None):
+        """idx, targets: integer (B, T) (arrays or Tensors); targets of -100 are ignored.
+
+        Returns (logits (B, T, vocab_size), mean cross-entropy loss or None).
+        """
+        x = self.drop(self.wte(idx))  # (B, T, n_embd)
+        x, _ = self.lstm(x)  # (B, T, hidden_size)
+        logits = self.lm_head(self.drop(x))  # (B, T, vocab_size)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits, targets, ignore_index=-100)  # host targets: range-checked, copied over
