@@ -408,3 +408,65 @@ def test_cli_fp16_and_bf16_flags_and_header(capsys):
     assert "precision: parameters float32" in capsys.readouterr().out
     assert cli.main(common + ["--fp16", "--bf16"]) == 2
     assert "fp16 and bf16" in capsys.readouterr().err
+
+
+def test_an_fp16_run_resumed_from_a_checkpoint_continues_with_its_loss_scale(tmp_path):
+    """The scale is part of the state: a resumed run skips and steps exactly as the uninterrupted one."""
+    common = dict(fp16=True, max_steps=6, save_steps=3, gradient_accumulation_steps=2)
+    whole = run_trainer(**common, output_dir=str(tmp_path / "whole"))
+    first = run_trainer(**common, output_dir=str(tmp_path / "parts"))
+    assert first.scaler.get_scale() != GradScaler().get_scale()  # it backed off: the saved scale matters
+    args = dict(per_device_train_batch_size=4, logging_steps=1, disable_tqdm=True, learning_rate=1e-2, **common)
+    resumed = Trainer(small_gpt(), TrainingArguments(**args, output_dir=str(tmp_path / "parts")), char_data())
+    resumed.train(resume_from_checkpoint=str(tmp_path / "parts" / "checkpoint-3.npz"))
+    assert resumed.scaler.get_scale() == whole.scaler.get_scale()
+    for p, q in zip(whole.optimizer.params, resumed.optimizer.params):
+        assert numpy.array_equal(p.data, q.data)
+
+
+# One op each: (function of float32 tensors, the dtype its record's floating inputs must have under autocast:
+# "low" the 16-bit dtype, "float32", or "input" the dtype it was given, which here is 16-bit).
+ONE_OP = {
+    "matmul": (lambda a, b: a @ b.T, "low"), "linear": (lambda a, b: F.linear(a, b), "low"),
+    "softmax": (lambda a: a.softmax(axis=-1), "float32"), "log_softmax": (lambda a: a.log_softmax(axis=-1), "float32"),
+    "layer_norm": (lambda a: F.layer_norm(a, (a.shape[-1],)), "float32"), "sum": (lambda a: a.sum(), "float32"),
+    "mean": (lambda a: a.mean(axis=0), "float32"), "exp": (lambda a: a.exp(), "float32"),
+    "log": (lambda a: (a * a + 1.0).log(), "float32"), "pow": (lambda a: a ** 3, "float32"),
+    "cross_entropy": (lambda a: F.cross_entropy(a, numpy.array([0, 1, 2])), "float32"),
+    "gelu": (lambda a: a.gelu(), "input"), "tanh": (lambda a: a.tanh(), "input"), "relu": (lambda a: a.relu(), "input"),
+    "max": (lambda a: a.max(axis=-1), "input"), "reshape": (lambda a: a.reshape(-1), "input"),
+}
+OP_CLASS = {"matmul": "MatMul", "linear": "Linear", "softmax": "Softmax", "log_softmax": "LogSoftmax",
+            "layer_norm": "LayerNorm", "sum": "Sum", "mean": "Mean", "exp": "Exp", "log": "Log", "pow": "PowScalar",
+            "cross_entropy": "CrossEntropy", "gelu": "GELU", "tanh": "Tanh", "relu": "ReLU", "max": "Max",
+            "reshape": "Reshape"}
+
+
+@pytest.mark.parametrize("dtype", sorted(LOW))
+@pytest.mark.parametrize("op", sorted(ONE_OP))
+def test_each_op_alone_runs_in_its_policys_dtype(op, dtype):
+    """Given 16-bit inputs (what a matmul hands on), each op's record sees the dtype the policy names."""
+    fn, wanted = ONE_OP[op]
+    rng = numpy.random.default_rng(0)
+    inputs = [Tensor(rng.standard_normal((3, 4)).astype(numpy.float32).astype(LOW[dtype]), requires_grad=True)
+              for _ in range(2 if op in ("matmul", "linear") else 1)]
+    with tape.recording(tape.Tape()) as recorded, autocast_block(dtype):
+        loss = fn(*inputs).sum()
+        records = [n for n in recorded.nodes() if n.op.__name__ == OP_CLASS[op]]
+    assert records, f"no {OP_CLASS[op]} record"
+    expected = {"low": LOW[dtype], "float32": numpy.dtype(numpy.float32), "input": LOW[dtype]}[wanted]
+    assert {d for d in records[-1].input_dtypes if autocast.is_float(d)} == {expected}
+    loss.backward()  # the gradients come back in the inputs' own dtype, through the casts
+    assert all(x.grad.dtype == LOW[dtype] for x in inputs)
+
+
+@pytest.mark.parametrize("dtype", sorted(LOW))
+def test_ops_of_several_inputs_run_in_the_widest_dtype(dtype):
+    """A float32 residual plus a 16-bit branch: one float32 sum (PyTorch's type promotion)."""
+    x = Tensor(numpy.ones((2, 3)), dtype=numpy.float32, requires_grad=True)
+    y = Tensor(numpy.ones((2, 3)), dtype=LOW[dtype], requires_grad=True)
+    with autocast_block(dtype):
+        for out in (x + y, y - x, x * y, y / (x + 1.0)):
+            assert out.dtype == numpy.float32
+    with pytest.raises(TypeError, match="different dtypes"):
+        x + y  # outside autocast the engine still refuses to mix dtypes
