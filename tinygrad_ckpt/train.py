@@ -84,10 +84,10 @@ import numpy
 from . import allocator, autocast, autograd, backend, memory, nn, policies, random, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
-from .grad_scaler import GradScaler
 from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
+from .grad_scaler import GradScaler
 from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
 from .serialization import CheckpointFileError
 from .tape import no_grad
@@ -546,21 +546,19 @@ class Trainer:
         the whole effective batch (see accumulate.py for why).
         """
         input_ids, labels = batch["input_ids"], batch["labels"]
-        dtype = self.args.autocast_dtype
-        with autocast.autocast(dtype) if dtype else contextlib.nullcontext():  # fp16/bf16: mixed precision
+        dtype = self.args.autocast_dtype  # fp16/bf16: the forward and the loss under autocast (mixed precision)
+        with autocast.autocast(dtype) if dtype else contextlib.nullcontext():
             logits, _ = self.model(input_ids)  # (B, T, vocab)
-        vocab = logits.shape[-1]
-        counted = labels != IGNORE_INDEX
-        bad = labels[counted & ((labels < 0) | (labels >= vocab))]
-        if bad.size:
-            raise ValueError(
-                f"labels hold token id {int(bad[0])}, outside the model's vocabulary of {vocab} "
-                f"(0..{vocab - 1}; -100 marks an ignored position): was the data tokenised for another model?"
-            )
-        targets = backend.to_device(labels, logits.device)
-        with autocast.autocast(dtype) if dtype else contextlib.nullcontext():  # the loss in float32, by the policy
-            loss = F.cross_entropy(logits, targets, reduction="sum")
-        return loss, int(counted.sum())
+            vocab = logits.shape[-1]
+            counted = labels != IGNORE_INDEX
+            bad = labels[counted & ((labels < 0) | (labels >= vocab))]
+            if bad.size:
+                raise ValueError(
+                    f"labels hold token id {int(bad[0])}, outside the model's vocabulary of {vocab} "
+                    f"(0..{vocab - 1}; -100 marks an ignored position): was the data tokenised for another model?"
+                )
+            targets = backend.to_device(labels, logits.device)
+            return F.cross_entropy(logits, targets, reduction="sum"), int(counted.sum())  # float32, by the policy
 
     def _micro_batch(self, indices, dataset):
         return collate([dataset[int(i)] for i in indices])
@@ -752,6 +750,8 @@ class Trainer:
             }
             if grad_norm is not None:
                 entry["grad_norm"] = grad_norm
+            if self.scaler.enabled:
+                entry["loss_scale"] = self.scaler.get_scale()  # fp16: the scale the next step starts with
             self._log(entry, progress)
             window.update(loss=0.0, items=0, tokens=0, time=time.perf_counter(), first_step=step + 1)
         paused = time.perf_counter()  # evaluating and saving do not count against tokens/s
@@ -1148,8 +1148,10 @@ def format_log(entry, total_steps):
     """One printed line per log entry: 'step 10/200 | loss 2.8431 | lr 1.00e-03 | ...'."""
     parts = [f"step {entry['step']}/{total_steps}"]
     if "skipped" in entry:
+        in_a_row = (f"{entry['consecutive_nonfinite_steps']} in a row" if entry["consecutive_nonfinite_steps"] else
+                    "the loss scale backing off, not counted in a row")  # Trainer._skipped
         parts.append(f"skipped, not finite: {entry['skipped']}; parameters unchanged "
-                     f"({entry['consecutive_nonfinite_steps']} in a row, {entry['nonfinite_steps']} in all)")
+                     f"({in_a_row}, {entry['nonfinite_steps']} in all)")
     if "epoch" in entry:
         parts.append(f"epoch {entry['epoch']:.2f}")
     if "loss" in entry:
@@ -1160,6 +1162,8 @@ def format_log(entry, total_steps):
         parts.append(f"lr {entry['learning_rate']:.2e}")
     if "grad_norm" in entry:
         parts.append(f"grad_norm {entry['grad_norm']:.3f}")
+    if "loss_scale" in entry:
+        parts.append(f"loss scale {entry['loss_scale']:g}")
     if "tokens_per_second" in entry:
         parts.append(f"{entry['tokens_per_second']:.0f} tok/s")
     if "memory" in entry:
