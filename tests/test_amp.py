@@ -14,9 +14,11 @@ import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor, autocast, cli, tape
 from tinygrad_ckpt.accumulate import GradientAccumulator
 from tinygrad_ckpt.autocast import autocast as autocast_block
+from tinygrad_ckpt.checkpoint import checkpoint
 from tinygrad_ckpt.grad_scaler import GradScaler
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.optim import AdamW
+from tinygrad_ckpt.testing import check_checkpoint
 from tinygrad_ckpt.testing import strategies as tst
 from tinygrad_ckpt.train import Trainer, TrainerCallback, TrainingArguments
 
@@ -470,3 +472,40 @@ def test_ops_of_several_inputs_run_in_the_widest_dtype(dtype):
             assert out.dtype == numpy.float32
     with pytest.raises(TypeError, match="different dtypes"):
         x + y  # outside autocast the engine still refuses to mix dtypes
+
+
+# The ops of tests/test_equivalence.py's proof, on float32 inputs (float64 ones autocast leaves alone).
+EVERY_OP = {
+    "add": (lambda a, b: a + b, 2), "mul": (lambda a, b: a * b, 2), "div": (lambda a, b: a / (b * b + 1.0), 2),
+    "matmul": (lambda a, b: a @ b.T, 2), "linear": (lambda a, b: F.linear(a, b), 2),
+    "exp": (lambda a: a.exp(), 1), "tanh": (lambda a: a.tanh(), 1), "gelu": (lambda a: a.gelu(), 1),
+    "softmax": (lambda a: a.softmax(axis=-1), 1), "log_softmax": (lambda a: a.log_softmax(axis=-1), 1),
+    "sum": (lambda a: a.sum(axis=0), 1), "mean": (lambda a: a.mean(axis=-1), 1), "max": (lambda a: a.max(axis=-1), 1),
+    "layer_norm": (lambda a: F.layer_norm(a, (a.shape[-1],)), 1), "dropout": (lambda a: F.dropout(a, 0.5), 1),
+    "attention": (lambda a, b: (a @ b.T).softmax(axis=-1) @ b + a, 2),
+}
+
+
+@pytest.mark.equivalence
+@settings(max_examples=examples(20))
+@given(op=st.sampled_from(sorted(EVERY_OP)), dtype=st.sampled_from(sorted(LOW)), policy=tst.policies(),
+       seed=st.integers(0, 2**16))
+def test_every_op_under_checkpoint_and_autocast_gives_the_plain_gradients_bit_for_bit(op, dtype, policy, seed):
+    fn, arity = EVERY_OP[op]
+    rng = numpy.random.default_rng(seed)
+    inputs = [Tensor(rng.standard_normal((3, 4)), dtype=numpy.float32, requires_grad=True) for _ in range(arity)]
+    report = check_checkpoint(fn, inputs, policy=policy, autocast=dtype, rtol=0.0, atol=0.0)
+    assert report.passed, str(report)
+    assert "autocast" in report.summary()
+
+
+def test_check_checkpoint_under_autocast_catches_a_strategy_that_drops_autocast():
+    """The plain run is under autocast: a checked run in float32 differs, and the check says so.
+    (A recompute that forgot the forward's autocast fails the proofs above: checkpoint.py's restore is needed.)"""
+    def forgetful(fn, *inputs):
+        with autocast_block(enabled=False):
+            return checkpoint(fn, *inputs)
+
+    x = Tensor(numpy.random.default_rng(0).standard_normal((3, 4)), dtype=numpy.float32, requires_grad=True)
+    report = check_checkpoint(lambda a: (a @ a.T).tanh(), [x], strategy=forgetful, autocast="bfloat16")
+    assert not report.passed
