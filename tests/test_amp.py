@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, autocast, cli, tape
+from tinygrad_ckpt import Tensor, autocast, backend, cli, tape
 from tinygrad_ckpt.accumulate import GradientAccumulator
 from tinygrad_ckpt.autocast import autocast as autocast_block
 from tinygrad_ckpt.checkpoint import checkpoint
 from tinygrad_ckpt.grad_scaler import GradScaler
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.optim import AdamW
-from tinygrad_ckpt.testing import check_checkpoint
+from tinygrad_ckpt.testing import check_checkpoint, strict_cupy
 from tinygrad_ckpt.testing import strategies as tst
 from tinygrad_ckpt.train import Trainer, TrainerCallback, TrainingArguments
 
@@ -509,3 +509,23 @@ def test_check_checkpoint_under_autocast_catches_a_strategy_that_drops_autocast(
     x = Tensor(numpy.random.default_rng(0).standard_normal((3, 4)), dtype=numpy.float32, requires_grad=True)
     report = check_checkpoint(lambda a: (a @ a.T).tanh(), [x], strategy=forgetful, autocast="bfloat16")
     assert not report.passed
+
+
+@pytest.mark.parametrize("dtype", sorted(LOW))
+def test_autocast_on_the_gpu_path_makes_no_numpy_call(dtype):
+    """On the strict CuPy stand-in (device 'cuda'), where any NumPy call on a device array fails: the casts, the
+    16-bit products (the GPU's own, no float32 detour) and the float32 gradients."""
+    previous_module = backend.set_cuda_module(strict_cupy)
+    try:
+        model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8),
+                    rng=numpy.random.default_rng(0), device="cuda")
+        batch = token_batch()
+        with numpy.errstate(over="ignore", invalid="ignore"):
+            with autocast_block(dtype):
+                logits, _ = model(batch["input_ids"])
+                loss = F.cross_entropy(logits, backend.to_device(batch["labels"], "cuda"), reduction="sum")
+            loss.backward()
+        assert backend.device_of(logits.data) == "cuda" and logits.dtype == LOW[dtype]
+        assert {p.grad.dtype for p in model.parameters()} == {numpy.dtype(numpy.float32)}
+    finally:
+        backend.set_cuda_module(previous_module)

@@ -20,10 +20,12 @@ AT_FORALL_FP32_SET_OPT_DTYPE and AT_FORALL_PROMOTE):
 
   LOWER     the matrix products (PyTorch: matmul, linear, bmm, addmm, ...):
             in the 16-bit dtype, where the speed is.
-  FLOAT32   layer norm, softmax, log-softmax, the loss (PyTorch: layer_norm,
-            softmax, log_softmax, nll_loss), exp, log, pow and the sum
-            (PyTorch: exp, log, pow, sum): in float32, where 16 bits lose
-            too much (a sum of many terms, an exponential's range).
+  FLOAT32   layer norm, the loss, exp, log and pow (PyTorch's FP32 list:
+            layer_norm, nll_loss, exp, log, pow), softmax, log-softmax and
+            the sum (its FP32_SET_OPT_DTYPE list: softmax, log_softmax, sum;
+            cross-entropy is log_softmax then nll_loss there): in float32,
+            where 16 bits lose too much (a sum of many terms, an
+            exponential's range).
   WIDEST    ops with several floating inputs (add, mul, where, cat, ...):
             all in the widest of their dtypes. PyTorch needs no list for
             most of these (its binary ops promote by themselves; its
@@ -32,6 +34,9 @@ AT_FORALL_FP32_SET_OPT_DTYPE and AT_FORALL_PROMOTE):
             promotes for them: a float32 residual plus a bfloat16 attention
             output is a float32 sum.
   (others)  run in the dtype their input has (GELU, reshape, dropout, max).
+
+These are the lists of the header PyTorch's CUDA autocast uses; this
+project applies them on every device.
 
 Where this project differs from PyTorch, and why:
   * Mean is in FLOAT32 (PyTorch lists only sum). NumPy, and ml_dtypes'
@@ -48,8 +53,9 @@ Which 16-bit dtype: float16 runs everywhere but has a small range (largest
 float32's exponent range (largest about 3.4e38) with 8 bits of precision:
 no scaler needed. NumPy has no bfloat16: it comes from `ml_dtypes` (the
 `bf16` extra), imported only when asked for. On the GPU, CuPy runs float16
-natively; bfloat16 needs a CuPy that knows ml_dtypes' bfloat16 (CuPy 14,
-cupy/cupy pull request 9494), and is a clear error otherwise.
+natively; bfloat16 needs a CuPy that takes ml_dtypes' bfloat16 (cupy/cupy
+pull request 9494, merged in 2026 and called experimental there; CuPy 13
+has none), and is a clear error otherwise.
 
 What does not live here: the casting op (ops/elementwise.py Cast), where
 ops run (function.py), loss scaling (grad_scaler.py), the Trainer's
@@ -176,5 +182,6 @@ def _check_device(dtype, array):
         array.reshape(-1)[:0].astype(dtype)
     except (TypeError, ValueError, NotImplementedError):
         raise TypeError(f"autocast('bfloat16'): this GPU's array module ({type(array).__module__}) cannot hold "
-                        "bfloat16; CuPy supports ml_dtypes' bfloat16 from version 14 (pip install ml_dtypes too). "
-                        "Use float16 instead (fp16=True, --fp16), which CuPy runs natively") from None
+                        "bfloat16 (CuPy takes ml_dtypes' bfloat16 only in releases with cupy/cupy pull request "
+                        "9494, and needs ml_dtypes installed). Use float16 instead (fp16=True, --fp16), which "
+                        "CuPy runs natively") from None

@@ -23,10 +23,13 @@ from .elementwise import unbroadcast
 
 
 def _mm(a, b):
-    """a @ b; 16-bit arrays on the CPU in float32, rounded once (see the module docstring)."""
-    if is_16bit(a.dtype) and isinstance(a, numpy.ndarray):
-        return (a.astype(numpy.float32) @ b.astype(numpy.float32)).astype(a.dtype)
-    return a @ b
+    """a @ b in a's dtype; 16-bit arrays on the CPU in float32, rounded once (see the module docstring)."""
+    if not is_16bit(a.dtype):
+        return a @ b
+    dtype = a.dtype
+    if isinstance(a, numpy.ndarray):  # NumPy: no 16-bit BLAS
+        a, b = a.astype(numpy.float32), b.astype(numpy.float32)
+    return (a @ b).astype(dtype, copy=False)  # NumPy: rounded once; cuBLAS: already 16-bit, no copy
 
 
 def _row_sum(g2):
