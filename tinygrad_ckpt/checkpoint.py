@@ -52,7 +52,7 @@ from contextlib import contextmanager
 
 import numpy
 
-from . import backend, determinism, function, memory, policies, random, tape
+from . import autocast, backend, determinism, function, memory, policies, random, tape
 from .determinism import CHECKS, CheckpointError
 from .function import Function
 from .policies import Stash
@@ -307,6 +307,7 @@ class _Segment:
     def forward(self):
         """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
         self.input_versions = [t._version for t in self.inputs]
+        self.autocast = autocast.get_dtype()  # the recompute makes the same casts (autocast.py)
         forward_tape = _ForwardTape(self) if self.plain else SegmentTape(self, self.inputs)
         with random.observing(self.preserve_rng_state) as self.generators, tape.recording(forward_tape):
             returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
@@ -347,7 +348,8 @@ class _Segment:
 
         The random generators are where the segment's forward found them
         (afterwards, back where the caller has them); is_recomputing() is True;
-        what is saved is the recompute's own, packed by no saved-tensor hooks.
+        what is saved is the recompute's own, packed by no saved-tensor hooks;
+        autocast is as the forward had it (backward usually runs outside it).
         """
         global _recomputing
         callers = [(g, g.bit_generator.state) for g, _ in self.generators]
@@ -356,7 +358,7 @@ class _Segment:
         _recomputing += 1
         depth = function.push_no_saved_tensors_hooks()
         try:
-            with memory.phase("recompute"), tape.recording(recompute_tape):
+            with memory.phase("recompute"), tape.recording(recompute_tape), autocast.restored(self.autocast):
                 yield
         finally:
             function.pop_saved_tensors_hooks(depth)

@@ -261,6 +261,7 @@ def training_header(trainer):
         f"(the effective batch) = {args.per_device_train_batch_size} per micro-batch x "
         f"{_plural(args.gradient_accumulation_steps, 'accumulation step')} x {_plural(world, 'process', 'processes')}",
         f"checkpointing: {_checkpointing_in_force(trainer.model, args.gradient_checkpointing_kwargs)}",
+        f"precision: {_precision(trainer)}",
         "memory: 'mem' in a log line is what the process holds then (parameters, gradients, optimizer state, "
         "accumulation buffers, activations), 'peak' the most since training started" if world == 1 else
         f"memory: per process: 'mem' in a log line is what process 0 holds then, 'peak' the most since training "
@@ -279,6 +280,21 @@ def training_header(trainer):
                      "'loss' is the mean per token over the optimizer steps since the previous log line, "
                      "in the log lines and in the progress bar")
     return lines
+
+
+def _precision(trainer):
+    """Which dtype each kind of array has in this run (fp16 / bf16: mixed precision, autocast.py), in words."""
+    params = trainer.optimizer.params
+    kept = (f"parameters {params[0].dtype}, gradients {params[0].dtype}, optimizer state {params[0].dtype}, "
+            f"accumulation buffers {trainer.accumulator.buffers[0].dtype}")
+    low = trainer.args.autocast_dtype
+    if low is None:
+        return f"{kept}, activations {params[0].dtype} (--bf16 or --fp16: mixed precision)"
+    scaling = (f"the loss scaled by {trainer.scaler.get_scale():g} (GradScaler; a step whose gradients overflow is "
+               "skipped and the scale halved)" if trainer.scaler.enabled else
+               "no loss scaling (bfloat16 has float32's exponent range)")
+    return (f"mixed, {low}: {kept}; matrix products (Linear, the attention products) and what they save in {low}; "
+            f"layer norm, softmax and the loss in float32; {scaling}")
 
 
 def _checkpointing_in_force(model, kwargs):

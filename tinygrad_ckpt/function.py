@@ -23,7 +23,9 @@ needs a gradient.
 `Function.apply(*tensors, **options)` runs the op on tensors: it checks that
 the inputs share a device and a dtype, runs forward through the active tape,
 wraps the result in Tensors and, if any input requires grad, appends one
-record (a Node) to that tape. It also remembers, for each saved array that is
+record (a Node) to that tape. Inside `autocast()` it first casts the floating
+inputs to the dtype the op runs in (autocast.py): the casts are Cast ops,
+recorded like any other. It also remembers, for each saved array that is
 an input's or an output's array, that tensor's version, so that backward can
 refuse to run on an array changed in place since (versions.check_versions).
 
@@ -56,7 +58,7 @@ What does not live here: the tape and the backward walk (tape.py), the ops
 themselves (ops/).
 """
 
-from . import anomaly, backend, memory, tape, versions
+from . import anomaly, autocast, backend, memory, tape, versions
 
 
 class Context:
@@ -205,6 +207,8 @@ class Function:
         from .tensor import Tensor
 
         op = cls.__name__
+        if autocast.get_dtype() is not None:  # inside autocast(): the inputs first cast to this op's dtype
+            inputs = autocast.cast_inputs(op, inputs)
         _check_inputs(op, inputs, cls.mixes_dtypes)
         active = tape.active()
         if active is None:

@@ -36,7 +36,7 @@ import numbers
 
 import numpy
 
-from . import backend, memory, tape, versions
+from . import autocast, backend, memory, tape, versions
 from .ops import elementwise, matmul, movement, nn, reduce
 from .ops.axes import normalize_axes, normalize_axis
 
@@ -66,7 +66,7 @@ class Tensor:
             device = backend.get_default_device()
         if device is not None:
             data = backend.to_device(data, device)
-        if requires_grad and data.dtype.kind != "f":
+        if requires_grad and not autocast.is_float(data.dtype):  # bfloat16 (ml_dtypes) is kind 'V', yet a float
             raise TypeError(
                 f"only floating-point tensors can require grad, got dtype {data.dtype}; "
                 "pass dtype=numpy.float32 (or float64)"

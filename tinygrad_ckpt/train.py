@@ -50,6 +50,15 @@ What the Trainer guards, so that a run never loses a good state:
     the first op whose output or gradient is NaN or infinite stops the run
     with FloatingPointError, naming the op and the line of code that made it.
 
+Mixed precision (fp16=True or bf16=True, Hugging Face's names): the forward
+and the loss run under autocast (autocast.py): matrix products in 16 bits,
+layer norm, softmax and the loss in float32; parameters, gradients, the
+optimizer state and the accumulation buffers stay float32. With fp16 each
+micro-batch's loss is scaled (grad_scaler.py) before its backward, and the
+accumulated gradients are unscaled once, after write_grads and before
+clipping; a step whose gradients overflowed is skipped by the same rule as
+any non-finite step, and logged with the loss scale.
+
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its
 share of every micro-batch, and the accumulators are summed across processes
@@ -72,12 +81,13 @@ from pathlib import Path
 
 import numpy
 
-from . import allocator, autograd, backend, memory, nn, policies, random, serialization
+from . import allocator, autocast, autograd, backend, memory, nn, policies, random, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
 from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
+from .grad_scaler import GradScaler
 from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
 from .serialization import CheckpointFileError
 from .tape import no_grad
@@ -147,6 +157,13 @@ class TrainingArguments:
     seed: int = _field(42, "decides the example order and the default random generator (dropout)")
     optim: str = _field("adamw", "the optimizer", choices=OPTIMIZERS)
     accumulation_dtype: str = _field(None, "dtype of the accumulation buffers, e.g. float64 (None: the parameters')")
+    fp16: bool = _field(
+        False, "mixed precision with float16 (autocast.py): matrix products in float16, parameters, gradients and "
+               "optimizer state float32, the loss scaled (GradScaler) and steps whose gradients overflow skipped")
+    bf16: bool = _field(
+        False, "mixed precision with bfloat16 (autocast.py): matrix products in bfloat16, parameters, gradients and "
+               "optimizer state float32; no loss scaling (bfloat16 has float32's range). On the CPU it needs "
+               "ml_dtypes (pip install -e \".[bf16]\")")
     disable_tqdm: bool = _field(False, "no live progress line (log lines are still printed)")
     detect_anomaly: bool = _field(
         False, "run the training steps in anomaly mode (tinygrad_ckpt.autograd.detect_anomaly): the first op "
@@ -174,7 +191,7 @@ class TrainingArguments:
         for name in ("adam_beta1", "adam_beta2"):
             self._check_number(name, "a number in [0, 1)", lambda v: 0 <= v < 1)
         for name in ("overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "disable_tqdm",
-                     "detect_anomaly", "keep_freed_memory"):
+                     "detect_anomaly", "keep_freed_memory", "fp16", "bf16"):
             if not isinstance(getattr(self, name), (bool, numpy.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for f in fields(self):
@@ -193,6 +210,11 @@ class TrainingArguments:
             )
         self._check_accumulation_dtype()
         self._check_gradient_checkpointing_kwargs()
+        if self.fp16 and self.bf16:
+            raise ValueError("fp16 and bf16 are both True; choose one 16-bit dtype for mixed precision "
+                             "(--fp16 or --bf16), or neither for float32")
+        if self.bf16:
+            autocast.bfloat16()  # ImportError naming the extra now, not at the first step
 
     def _check_int(self, name, minimum, hint=""):
         value = getattr(self, name)
@@ -258,6 +280,11 @@ class TrainingArguments:
                 f"gradient_checkpointing_kwargs['segments'] must be 'every', 'sqrt', an int or a list of block "
                 f"boundaries such as [2, 4] (an int: the number of segments, at least 1), got {segments!r}"
             )
+
+    @property
+    def autocast_dtype(self):
+        """"float16", "bfloat16" or None (float32 throughout): the dtype autocast gives the matrix products."""
+        return "float16" if self.fp16 else "bfloat16" if self.bf16 else None
 
     @property
     def effective_batch_size(self):
@@ -489,6 +516,8 @@ class Trainer:
         self.accumulator = GradientAccumulator(
             self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
         )
+        self.scaler = GradScaler(enabled=args.fp16)  # float16's loss scaling; a pass-through otherwise
+        self.scaler_backed_off = False  # the last step was skipped only for overflow at a loss scale above 1
         self.distributed = distributed
         self.world_size = 1 if distributed is None else distributed.world_size
         self.is_main_process = distributed is None or distributed.is_main_process  # only it prints and saves
@@ -527,17 +556,19 @@ class Trainer:
         if self.compute_loss_func is not None:
             return self.compute_loss_func(self.model, batch)
         input_ids, labels = batch["input_ids"], batch["labels"]
-        logits, _ = self.model(input_ids)  # (B, T, vocab)
-        vocab = logits.shape[-1]
-        counted = labels != IGNORE_INDEX
-        bad = labels[counted & ((labels < 0) | (labels >= vocab))]
-        if bad.size:
-            raise ValueError(
-                f"labels hold token id {int(bad[0])}, outside the model's vocabulary of {vocab} "
-                f"(0..{vocab - 1}; -100 marks an ignored position): was the data tokenised for another model?"
-            )
-        targets = backend.to_device(labels, logits.device)
-        return F.cross_entropy(logits, targets, reduction="sum"), int(counted.sum())
+        dtype = self.args.autocast_dtype  # fp16/bf16: the forward and the loss under autocast (mixed precision)
+        with autocast.autocast(dtype) if dtype else contextlib.nullcontext():
+            logits, _ = self.model(input_ids)  # (B, T, vocab)
+            vocab = logits.shape[-1]
+            counted = labels != IGNORE_INDEX
+            bad = labels[counted & ((labels < 0) | (labels >= vocab))]
+            if bad.size:
+                raise ValueError(
+                    f"labels hold token id {int(bad[0])}, outside the model's vocabulary of {vocab} "
+                    f"(0..{vocab - 1}; -100 marks an ignored position): was the data tokenised for another model?"
+                )
+            targets = backend.to_device(labels, logits.device)
+            return F.cross_entropy(logits, targets, reduction="sum"), int(counted.sum())  # float32, by the policy
 
     def _micro_batch(self, indices, dataset):
         return self.data_collator([dataset[int(i)] for i in indices])
@@ -576,7 +607,9 @@ class Trainer:
         self.model.train()
         acc.zero_grad()
         try:
-            with autograd.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext():
+            # fp16: an overflow to inf is expected and handled (the GradScaler skips the step): no NumPy warnings
+            with (autograd.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext(),
+                  numpy.errstate(over="ignore", invalid="ignore") if args.fp16 else contextlib.nullcontext()):
                 self._training_loop(progress)
         except RuntimeError as e:
             if not (args.detect_anomaly and str(e).startswith(ANOMALY)):
@@ -616,7 +649,7 @@ class Trainer:
                 if len(indices):
                     batch = self._micro_batch(indices, self.train_dataset)
                     loss, items = self.compute_loss(batch)  # forward ...
-                    loss.backward()  # ... then backward at once: this micro-batch's activations are freed
+                    self.scaler.scale(loss).backward()  # ... then backward at once (fp16: of the scaled loss)
                     step["loss"] += loss.item()
                     step["items"] += items
                     step["tokens"] += batch["input_ids"].size if "input_ids" in batch else items
@@ -665,6 +698,8 @@ class Trainer:
         if self.distributed is not None:
             self.distributed.all_reduce_(self.accumulator, step)
         self.accumulator.write_grads()
+        scale = self.scaler.get_scale()
+        overflow = self.scaler.unscale_(self.optimizer)  # fp16: p.grad /= scale, once, before clipping
         params = self.optimizer.params
         if self.args.max_grad_norm:
             grad_norm = clip_grad_norm_(params, self.args.max_grad_norm)
@@ -672,17 +707,29 @@ class Trainer:
             grad_norm = get_total_norm(p.grad for p in params if p.grad is not None)
         nonfinite = ", ".join(f"{name} {value}" for name, value in (("loss", step["loss"]), ("grad_norm", grad_norm))
                               if not math.isfinite(value))
+        if overflow:  # what GradScaler.step() would skip; the scale backs off
+            nonfinite = f"{nonfinite or 'gradients'} (inf or NaN at loss scale {scale:g}; now {scale * self.scaler.backoff_factor:g})"
+        self.scaler_backed_off = bool(overflow and math.isfinite(step["loss"]) and scale > 1)
         if not nonfinite:
             self.optimizer.lr = lr
             self.optimizer.step()
+        self.scaler.update()
         self.accumulator.zero_grad()
         return (grad_norm if self.args.max_grad_norm else None), (nonfinite or None)
 
     def _skipped(self, nonfinite, progress):
-        """Count and log a skipped step; after max_consecutive_nonfinite_steps in a row, stop."""
+        """Count and log a skipped step; after max_consecutive_nonfinite_steps in a row, stop.
+
+        fp16: a step skipped only because its scaled gradients overflowed, at
+        a loss scale above 1, is the GradScaler finding its scale (it halves
+        it): counted in all, not in a row. The Trainer's summed loss makes the
+        gradients grow with the tokens of a micro-batch, so the first steps
+        may back off many times (from 2**16 to 2**6 for 1024 tokens).
+        """
         state, limit = self.state, self.args.max_consecutive_nonfinite_steps
         state.nonfinite_steps += 1
-        state.consecutive_nonfinite_steps += 1
+        if not self.scaler_backed_off:
+            state.consecutive_nonfinite_steps += 1
         self._log({"step": state.global_step, "skipped": nonfinite,
                    "consecutive_nonfinite_steps": state.consecutive_nonfinite_steps,
                    "nonfinite_steps": state.nonfinite_steps}, progress)
@@ -713,6 +760,8 @@ class Trainer:
             }
             if grad_norm is not None:
                 entry["grad_norm"] = grad_norm
+            if self.scaler.enabled:
+                entry["loss_scale"] = self.scaler.get_scale()  # fp16: the scale the next step starts with
             self._log(entry, progress)
             window.update(loss=0.0, items=0, tokens=0, time=time.perf_counter(), first_step=step + 1)
         paused = time.perf_counter()  # evaluating and saving do not count against tokens/s
@@ -829,6 +878,8 @@ class Trainer:
             "run_id": self.run_id,  # resuming takes only one run's checkpoints
             "training_args": asdict(self.args),  # for the reader; resuming uses the args it is given
         }
+        if self.scaler.enabled:
+            extra["grad_scaler"] = self.scaler.state_dict()  # fp16: the loss scale goes on where it was
         extra.update(self._model_description())
         path.parent.mkdir(parents=True, exist_ok=True)
         serialization.save(path, model=self.model, optimizer=self.optimizer, extra=extra)
@@ -984,6 +1035,8 @@ class Trainer:
                                       f"{type(g.bit_generator).__name__} ({type(e).__name__}: {e})") from None
         serialization.restore(checkpoint, model=self.model, optimizer=self.optimizer)  # checks, then copies
         self.state, self.run_id = TrainerState(**extra["trainer_state"]), extra.get("run_id")
+        if self.scaler.enabled and "grad_scaler" in extra:
+            self.scaler.load_state_dict(extra["grad_scaler"])
         for g, saved in zip(generators, extra["rng_states"]):
             g.bit_generator.state = saved
         self._fit_position(extra.get("train_examples"))
@@ -1105,8 +1158,10 @@ def format_log(entry, total_steps):
     """One printed line per log entry: 'step 10/200 | loss 2.8431 | lr 1.00e-03 | ...'."""
     parts = [f"step {entry['step']}/{total_steps}"]
     if "skipped" in entry:
+        in_a_row = (f"{entry['consecutive_nonfinite_steps']} in a row" if entry["consecutive_nonfinite_steps"] else
+                    "the loss scale backing off, not counted in a row")  # Trainer._skipped
         parts.append(f"skipped, not finite: {entry['skipped']}; parameters unchanged "
-                     f"({entry['consecutive_nonfinite_steps']} in a row, {entry['nonfinite_steps']} in all)")
+                     f"({in_a_row}, {entry['nonfinite_steps']} in all)")
     if "epoch" in entry:
         parts.append(f"epoch {entry['epoch']:.2f}")
     if "loss" in entry:
@@ -1117,6 +1172,8 @@ def format_log(entry, total_steps):
         parts.append(f"lr {entry['learning_rate']:.2e}")
     if "grad_norm" in entry:
         parts.append(f"grad_norm {entry['grad_norm']:.3f}")
+    if "loss_scale" in entry:
+        parts.append(f"loss scale {entry['loss_scale']:g}")
     if "tokens_per_second" in entry:
         parts.append(f"{entry['tokens_per_second']:.0f} tok/s")
     if "memory" in entry:

@@ -6,6 +6,7 @@ to x's shape. `expand` does that once for all three ops. Axes are
 normalised by axes.py (-1 is the last; out of range is an error).
 """
 
+from ..autocast import is_float
 from ..backend import array_module, as_array
 from ..function import Function
 from .axes import normalize_axes
@@ -65,7 +66,7 @@ class Max(Function):
             raise ValueError(f"max of an empty tensor of shape {tuple(x.shape)}")
         out = x.max(axis=ctx.axes, keepdims=True)
         is_max = x == out
-        if x.dtype.kind == "f":
+        if is_float(x.dtype):
             is_max |= array_module(x).isnan(x)  # NaN != NaN, yet it is the max
         ctx.save_for_backward(is_max, is_max.sum(axis=ctx.axes, keepdims=True).astype(x.dtype))
         return out if keepdims else out.reshape([n for i, n in enumerate(x.shape) if i not in ctx.axes])

@@ -61,6 +61,7 @@ hypothesis strategies for drawing models and plans (strategies.py), the
 command that runs these checks on every strategy (verify.py).
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -68,6 +69,8 @@ import numpy
 
 from .. import backend, random
 from ..accumulate import GradientAccumulator
+from ..autocast import autocast as autocast_block
+from ..autocast import lower_dtype
 from ..bench.report import markdown_table
 from ..checkpoint import checkpoint
 from ..nn import Module
@@ -244,7 +247,7 @@ def compare(name, kind, plain, checked, rtol=None, atol=None):
 
 # -- checkpointing ------------------------------------------------------------------------------
 def check_checkpoint(fn, inputs, strategy=None, policy=None, *, split_blocks=None, loss_fn=None, rtol=None,
-                     atol=None, raise_exception=False, seed=0):
+                     atol=None, raise_exception=False, seed=0, autocast=None):
     """Run fn(*inputs) plainly and checkpointed; compare outputs, gradients, buffers and generators.
 
     fn: a model with `gradient_checkpointing_enable` (MLP, GPT, nn.Sequential,
@@ -264,6 +267,9 @@ def check_checkpoint(fn, inputs, strategy=None, policy=None, *, split_blocks=Non
         of every output that requires grad is checked.
     rtol, atol: see the module docstring (default: by dtype).
     raise_exception: raise EquivalenceError, listing the worst tensors, if it fails.
+    autocast: None, or "bfloat16" / "float16": both runs' forwards under
+        autocast(autocast) (mixed precision), their backward outside it, as
+        a training loop runs them; the recompute must make the same casts.
 
     Returns an EquivalenceReport. Bad arguments are a ValueError before anything runs.
     """
@@ -273,15 +279,18 @@ def check_checkpoint(fn, inputs, strategy=None, policy=None, *, split_blocks=Non
             raise ValueError(f"check_checkpoint: input {i} requires grad but is computed by an op, so it gets no "
                              ".grad to compare; pass a leaf: x.detach() with requires_grad=True")
     title, plain, checked, switch = _checkpoint_strategy(fn, inputs, strategy, policy, split_blocks)
+    if autocast is not None:
+        lower_dtype(autocast)  # a bad dtype (or bfloat16 without ml_dtypes) is an error before anything runs
+        title += f", under autocast({autocast!r})"
     module = fn if isinstance(fn, Module) else None
     names = {id(x): f"input {i}" for i, x in enumerate(inputs) if isinstance(x, Tensor)}
     for n, p in module.named_parameters() if module is not None else ():
         names.setdefault(id(p), n)
     order = {key: k for k, key in enumerate(names)}  # the inputs, then the parameters as the model lists them
     with _restored(module, switch) as state:
-        plain_run = _run(plain, loss_fn, None, seed, state, order)
+        plain_run = _run(plain, loss_fn, None, seed, state, order, autocast)
         leaves = plain_run.leaves
-        checked_run = _run(checked, loss_fn, leaves, seed, state)
+        checked_run = _run(checked, loss_fn, leaves, seed, state, autocast=autocast)
     entries = []
     for k, (p, c) in enumerate(zip(plain_run.outputs, checked_run.outputs)):
         label = "output" if len(plain_run.outputs) == 1 else f"output {k}"
@@ -422,12 +431,16 @@ class _restored:
         return False
 
 
-def _run(call, loss_fn, leaves, seed, state, order=None):
-    """One forward and backward of `call`, observed: outputs, gradients, buffers, generators (host copies)."""
+def _run(call, loss_fn, leaves, seed, state, order=None, autocast=None):
+    """One forward and backward of `call`, observed: outputs, gradients, buffers, generators (host copies).
+
+    autocast: the forward's 16-bit dtype (mixed precision), or None.
+    """
     state.reset()
     with random.observing() as observed:
         try:
-            result = call()
+            with autocast_block(autocast) if autocast is not None else contextlib.nullcontext():
+                result = call()
             outputs = _flat(result)
             if leaves is None:
                 leaves = sorted(_leaves(outputs), key=lambda t: order.get(id(t), len(order)))
