@@ -180,18 +180,6 @@ def test_two_runs_give_every_batch_size(data):
     assert fit.gpt_step(config, largest + 1, seq_len, **kw).device_peak_bytes > limit
 
 
-def test_on_the_cpu_each_batch_size_is_run():
-    """On the CPU GELU and the cross-entropy work in pieces of a fixed size: the step is not affine in the
-    batch, so the profile runs each size it is asked (and its largest batch is the last that fits)."""
-    config = GPTConfig(block_size=64, vocab_size=600, n_layer=2, n_head=2, n_embd=64)
-    cpu, gpu = fit.profile_gpt(config, 64, device="cpu"), fit.profile_gpt(config, 64, device="cuda")
-    assert isinstance(gpu, fit.StepProfile) and not isinstance(cpu, fit.StepProfile)
-    assert cpu.at(3).device_peak_bytes == fit.gpt_step(config, 3, 64, device="cpu").device_peak_bytes
-    limit = cpu.at(6).device_peak_bytes
-    largest = cpu.largest_batch(limit)
-    assert cpu.at(largest).device_peak_bytes <= limit < fit.gpt_step(config, largest + 1, 64, device="cpu").device_peak_bytes
-
-
 def traced(trainer):
     """tracemalloc's peak over trainer.train(): every NumPy buffer and Python object the step makes."""
     gc.collect()
@@ -324,7 +312,7 @@ def test_the_time_column_is_the_measured_recompute_over_three_forwards(strategy,
     """fit's recompute ratio, counted by the walk op by op, against the FLOPs of the ops a real step's recompute
     ran (a dropout or a bias changes which ops the recompute must run: recompute.make_plan)."""
     config = GPTConfig(block_size=6, vocab_size=13, n_layer=4, n_head=2, n_embd=8, dropout=dropout, bias=bias)
-    plan = fit.plan_training(config, effective_batch_size=3, device_memory="1GiB", device="cpu")
+    plan = fit.plan_training(config, effective_batch_size=3, device_memory="1GiB")
     row = plan.row(strategy)
     trainer = trainer_for(config, row.micro_batch, 6, checkpointing=row.checkpointing)
     with memory.timeline() as events:
@@ -414,8 +402,9 @@ def test_16_bit_is_a_16_bit_model_s_step_under_a_stated_assumption():
     assert (at["mixed"]["parameters"], at["mixed"]["optimizer"], at["mixed"]["accumulation"]) == (2 * p, 12 * p, 4 * p)
     assert (at["pure"]["parameters"], at["pure"]["optimizer"], at["pure"]["accumulation"]) == (2 * p, 4 * p, 2 * p)
     assert (at["f32"]["parameters"], at["f32"]["optimizer"], at["f32"]["accumulation"]) == (4 * p, 8 * p, 4 * p)
-    # the 16-bit model's activations are half float32's, less what stays 8 bytes (token ids, positions)
-    assert at["pure"]["activations"] < 0.51 * at["f32"]["activations"]
+    # the 16-bit model's floating activations are half float32's; dropout's masks (1 byte an element)
+    # and the loss's targets are the same size in both
+    assert 0.5 * at["f32"]["activations"] < at["pure"]["activations"] < 0.6 * at["f32"]["activations"]
     assert "estimate" in str(mixed) and "estimate" not in f32.precision.description
 
 
@@ -469,7 +458,7 @@ def test_fit_output_explains_its_columns_and_counts_one_example_in_the_singular(
     assert "at most 1 example fits at once" in text and "1 examples" not in text
     assert "\nlargest: the largest micro-batch that fits" in text
     assert "\nplanner at the budget: schedules.plan_checkpoints, given as its budget" in text
-    assert "at most 3 examples fit at once" in fit.render(
+    assert "at most 2 examples fit at once" in fit.render(
         fit.plan_training("gpt2-medium", effective_batch_size=32, device_memory="a10"))
     assert fit.device_memory_bytes("h200") == (round(139.81 * fit.GiB), "NVIDIA H200, 141 GB nominal, 139.81 GiB as "
                                                                           "CUDA reports it")
@@ -520,7 +509,7 @@ def test_the_planner_s_row_is_never_beaten_by_every_block_drawn(n_layer, n_head,
 
 def test_gpu_presets_are_what_cuda_reports_less_the_context():
     for key, (name, nominal, gib) in fit.GPUS.items():
-        assert gib < nominal * 10**9 / 2**30  # CUDA reports less than the nominal GB
+        assert gib < nominal  # CUDA reports less than the nominal size, even taken as GiB
         plan = fit.plan_training("gpt2", effective_batch_size=1, device_memory=key)
         assert plan.memory_bytes == round(gib * fit.GiB)
         assert plan.usable_bytes == plan.memory_bytes - fit.DEFAULT_RESERVE

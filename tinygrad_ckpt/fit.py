@@ -386,6 +386,28 @@ def gpt_step(config, batch_size, seq_len, dtype="float32", checkpointing=None, a
     engine does not make, added to every moment of the step (fit's estimate
     of mixed precision's float32 master weights, see `precision`).
     """
+    key = (repr(config), batch_size, seq_len, dtype, repr(checkpointing), accumulation_dtype, optim, device,
+           extra_optimizer_bytes)
+    return _kept(_STEPS, key, lambda: dataclasses.replace(
+        _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device,
+                  extra_optimizer_bytes), points=None, scratch_points=None))
+
+
+# The steps and profiles run so far, by what they depend on (not the GPU asked about): asking about
+# another GPU, or the table after the command line, runs nothing again. The oldest go first.
+_STEPS, _PROFILES = {}, {}
+
+
+def _kept(store, key, make, size=64):
+    if key not in store:
+        if len(store) >= size:
+            store.pop(next(iter(store)))
+        store[key] = make()
+    return store[key]
+
+
+def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device,
+              extra_optimizer_bytes):
     model = GPT(config, dtype=_dtype(dtype), device="meta")
     args = dict(optim=optim, accumulation_dtype=accumulation_dtype)
     if checkpointing is not None:
@@ -435,7 +457,16 @@ class StepProfile:
         p1, p2 = numpy.array(one.points, dtype=numpy.int64).T, numpy.array(two.points, dtype=numpy.int64).T
         s1, s2 = numpy.array(one.scratch_points, dtype=numpy.int64), numpy.array(two.scratch_points, dtype=numpy.int64)
         affine = lambda x1, x2: (x1 - batch * (x2 - x1), x2 - x1)  # noqa: E731 (at batch 0, and per example)
-        self._points, self._scratch = affine(p1, p2), affine(s1, s2)
+        a, k = affine(p1, p2)
+        # A check that another beats at every batch size can never be a peak: only the others are kept
+        # (the first of equal ones), in order, for the totals and for each category.
+        keep = _front(a.sum(axis=1), k.sum(axis=1))
+        for c in range(a.shape[1]):
+            keep |= _front(a[:, c], k[:, c])
+        self._points = (a[keep], k[keep])
+        a, k = affine(s1, s2)
+        keep = _front(a, k)
+        self._scratch = (a[keep], k[keep])
         self._constant = affine(one.constant_bytes, two.constant_bytes)
         self._flops = affine(one.recomputed_flops, two.recomputed_flops)
         self.start, self.batch, self.below = one.start, batch, dict(below or {})
@@ -475,44 +506,39 @@ class StepProfile:
         return most
 
 
+def _front(a, k):
+    """The lines a + k * batch (batch >= 1) that may be the highest at some batch: a boolean mask.
+
+    A line is left out if another is higher at batch 1 and rises at least as
+    fast, or is as high at batch 1, rises at least as fast and comes first
+    (memory.py keeps the first of equal peaks).
+    """
+    order = numpy.lexsort((numpy.arange(len(a)), -(a + k)))  # highest at batch 1 first; in order among equals
+    steep = k[order]
+    before = numpy.maximum.accumulate(numpy.concatenate(([numpy.iinfo(numpy.int64).min], steep[:-1])))
+    keep = numpy.zeros(len(a), dtype=bool)
+    keep[order[steep > before]] = True  # steeper than every line before it in that order
+    return keep
+
+
 def profile_gpt(config, seq_len, **kwargs):
-    """The step at every micro-batch (kwargs as gpt_step's, without batch_size): a StepProfile from two runs
-    on a GPU; on the CPU, where some ops work in pieces of a fixed size, a _Direct one."""
-    if kwargs.get("device", "cuda") == "cpu":
-        return _Direct(lambda b: gpt_step(config, b, seq_len, **kwargs))
-    one, two = gpt_step(config, 1, seq_len, **kwargs), gpt_step(config, 2, seq_len, **kwargs)
+    """The step at every micro-batch on a GPU: a StepProfile (kwargs as gpt_step's, without batch_size and device).
+
+    Not for the CPU, where GELU and the cross-entropy work in pieces of a fixed
+    size: there the step is not affine in the batch; run gpt_step at each size.
+    """
+    return _kept(_PROFILES, (repr(config), seq_len, repr(sorted(kwargs.items()))), lambda: _profile(config, seq_len, kwargs))
+
+
+def _profile(config, seq_len, kwargs):
+    step = {**dict(dtype="float32", checkpointing=None, accumulation_dtype=None, optim="adamw", device="cuda",
+                   extra_optimizer_bytes=0), **kwargs}
+    run = lambda b: _gpt_step(config, b, seq_len, **step)  # noqa: E731 (with every moment's bytes)
+    one, two = run(1), run(2)
     try:
         return StepProfile(one, two)
     except ValueError:  # 1 is not like the others (see StepProfile)
-        return StepProfile(two, gpt_step(config, 3, seq_len, **kwargs), batch=2, below={1: one})
-
-
-class _Direct:
-    """StepProfile's interface for a step that is not affine in the batch: each size asked is run."""
-
-    def __init__(self, run):
-        self._run, self._steps = run, {}
-        self.start = self.at(1).start
-
-    def at(self, batch_size):
-        if batch_size not in self._steps:
-            self._steps[batch_size] = self._run(batch_size)
-        return self._steps[batch_size]
-
-    def largest_batch(self, limit, device=True):
-        def fits(b):
-            step = self.at(b)
-            return (step.device_peak_bytes if device else step.peak_bytes) <= limit
-
-        if not fits(1):
-            return 0
-        low, high = 1, 2
-        while fits(high):  # double until one does not fit, then halve the gap
-            low, high = high, 2 * high
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(middle) else (low, middle)
-        return low
+        return StepProfile(two, run(3), batch=2, below={1: dataclasses.replace(one, points=None, scratch_points=None)})
 
 
 # -- FLOPs ---------------------------------------------------------------------------------
@@ -599,7 +625,6 @@ class TrainingPlan:
     memory_label: str
     usable_bytes: int
     precision: Precision
-    device: str
     parameters: int
     rows: list = field(default_factory=list)
     recommendation: Recommendation = None
@@ -616,7 +641,7 @@ class TrainingPlan:
 
 
 def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_memory="a100-80gb", dtype="float32",
-                  mixed_precision=None, processes=1, reserve_bytes=None, device="cuda", nested_plans=False,
+                  mixed_precision=None, processes=1, reserve_bytes=None, nested_plans=False,
                   planner_layers=24):
     """Will a GPT training step fit, with which technique? A TrainingPlan (print it for the table).
 
@@ -628,8 +653,7 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     "24GiB". dtype, mixed_precision: see the module docstring. processes:
     data-parallel processes, each holding the whole model (distributed.py).
     reserve_bytes: memory to keep free (CUDA context, allocator); default
-    DEFAULT_RESERVE (0.5 GiB) for a GPU preset, 0 for a size given. device:
-    "cuda" (CuPy) or "cpu" (NumPy), where the arrays live. nested_plans: let
+    DEFAULT_RESERVE (0.5 GiB) for a GPU preset, 0 for a size given. nested_plans: let
     the planner recompute some blocks more than once (slower to plan and to
     run). planner_layers: the planner may cut the chain every
     ceil(n_layer / planner_layers) blocks (every block up to 24 blocks, every
@@ -658,13 +682,11 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, int) or not 0 <= reserve_bytes < memory_bytes:
         raise ValueError(f"reserve_bytes must be an integer from 0 to below the device memory ({memory_bytes}), "
                          f"got {reserve_bytes!r}")
-    if device not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     prec = precision(dtype, mixed_precision)
     parameters = sum(p.data.size for p in GPT(config, device="meta").parameters())
     plan = TrainingPlan(config, name, seq_len, effective_batch_size, processes, memory_bytes, label,
-                        memory_bytes - reserve_bytes, prec, device, parameters)
-    run = dict(dtype=prec.dtype, accumulation_dtype=prec.accumulation_dtype, device=device,
+                        memory_bytes - reserve_bytes, prec, parameters)
+    run = dict(dtype=prec.dtype, accumulation_dtype=prec.accumulation_dtype,
                extra_optimizer_bytes=prec.extra_optimizer_bytes * parameters)
     forward, halves = step_flops(config, 1, seq_len)
     profiles = {}
@@ -919,7 +941,7 @@ context: see --reserve)."""
 
 # The flag that sets each plan_training argument or GPTConfig field, for error messages.
 FLAGS = {"seq_len": "--seq-len", "effective_batch_size": "--effective-batch-size", "processes": "--processes",
-         "reserve_bytes": "--reserve", "device": "--device", "dtype": "--dtype", "mixed_precision": "--mixed-precision",
+         "reserve_bytes": "--reserve", "dtype": "--dtype", "mixed_precision": "--mixed-precision",
          "planner_layers": "--planner-layers", "block_size": "--block-size", "vocab_size": "--vocab-size",
          "n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "dropout": "--dropout",
          "device memory": "--memory", "model preset": "--model"}
@@ -951,8 +973,6 @@ def add_arguments(parser):
     hw.add_argument("--reserve", default=None, metavar="SIZE",
                     help="memory to keep free: the CUDA context, the allocator's overheads (default: 0.5 GiB for a "
                          "GPU preset, 0 for a size)")
-    hw.add_argument("--device", default="cuda",
-                    help="cuda (CuPy) or cpu (NumPy): where the arrays live (default: %(default)s)")
     plan = parser.add_argument_group("planner")
     plan.add_argument("--nested-plans", action="store_true",
                       help="let the planner recompute some blocks more than once")
@@ -982,7 +1002,7 @@ def run(args):
             except ValueError:
                 raise ValueError(f"--reserve {args.reserve!r} is not a size such as 2GiB, 500MB or bytes") from None
         plan = plan_training(model, args.seq_len, args.effective_batch_size, args.memory, args.dtype,
-                             args.mixed_precision, args.processes, reserve, args.device, args.nested_plans,
+                             args.mixed_precision, args.processes, reserve, args.nested_plans,
                              args.planner_layers)
     except ValueError as e:
         raise ValueError(_flag_names(str(e))) from None

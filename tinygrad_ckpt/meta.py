@@ -122,11 +122,19 @@ def counting(points=False, stands_in_for=None):
 
 # -- the array -------------------------------------------------------------------------
 def _contiguous(shape, itemsize):
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= builtins.max(n, 1)
-    return tuple(reversed(strides))
+    """The strides of a new (C-contiguous) array; asked again and again, so kept."""
+    key = (shape, itemsize)
+    strides = _CONTIGUOUS.get(key)
+    if strides is None:
+        strides, step = [], itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= builtins.max(n, 1)
+        strides = _CONTIGUOUS[key] = tuple(reversed(strides))
+    return strides
+
+
+_CONTIGUOUS = {}
 
 
 class ndarray:
@@ -445,8 +453,12 @@ def _is_basic(index):
 
 
 def _advanced_shape(shape, index):
-    """The shape of x[index] with integer index arrays, asked of NumPy on stand-ins that read one element."""
+    """The shape of x[index] with integer index arrays: the broadcast index shape and x's remaining axes
+    where all of the index is arrays (an embedding's lookup, a row's pick), else asked of NumPy on
+    stand-ins that read one element."""
     items = index if isinstance(index, tuple) else (index,)
+    if all(isinstance(i, ndarray) and i.dtype.kind in "iu" for i in items) and len(items) <= len(shape):
+        return _broadcast(*(i.shape for i in items)) + tuple(shape[len(items):])
     stand_ins = []
     for i in items:
         if isinstance(i, ndarray):
