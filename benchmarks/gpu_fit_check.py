@@ -3,14 +3,15 @@
 For each strategy of fit.py's table (no checkpointing, every block, half
 blocks, sqrt(n), the selective policy, and the planner's plan for this GPU),
 one Trainer step of a GPT of GPT-2 small's size is run on the GPU after a
-warm-up step, and compared with step_memory's walk of the same step:
+warm-up step, and compared with the same step run on the meta device
+(fit.gpt_step):
 
-  engine peak    memory.peak() of the step (by category), against the walk's
+  engine peak    memory.peak() of the step (by category), against the meta step's
                  prediction: equal to the byte, or the check fails;
   pool peak      the bytes CuPy's memory pool handed out at their highest
                  during the step (a memory hook; each request rounded up to
                  512 bytes), above what was in use before it, against the
-                 walk's device bound (StepMemory.device_peak_bytes), which it
+                 meta step's device bound (StepMemory.device_peak_bytes), which it
                  should not exceed by more than the rounding;
   device used    total - free from cudaMemGetInfo before the model exists (the
                  CUDA context and whatever else holds memory: what fit's
@@ -38,7 +39,7 @@ import time
 
 import numpy
 
-from tinygrad_ckpt import backend, fit, memory, random, step_memory, strict_cupy
+from tinygrad_ckpt import backend, fit, memory, random, strict_cupy
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.train import TrainingArguments, Trainer
 
@@ -95,7 +96,7 @@ def strategies(plan):
 def choose_batch(config, seq_len, largest, free_bytes):
     """The micro-batch to run: at most `largest`, and one whose no-checkpointing step fits in half the free memory."""
     for b in range(largest, 0, -1):
-        need = step_memory.walk_step(config, b, seq_len, device="cuda").device_peak_bytes
+        need = fit.gpt_step(config, b, seq_len).device_peak_bytes
         if need <= free_bytes // 2:
             return b
     return 1
@@ -172,8 +173,7 @@ def run(args):
     ok = True
     for name, checkpointing in strategies(plan):
         ck = checkpointing or {}
-        predicted = step_memory.walk_step(config, batch, seq_len, device="cuda", segments=ck.get("segments"),
-                                          policy=ck.get("policy"), split_blocks=ck.get("split_blocks", False))
+        predicted = fit.gpt_step(config, batch, seq_len, checkpointing=ck or None)
         row = {"strategy": name, "checkpointing": checkpointing, "predicted_peak_bytes": predicted.peak_bytes,
                "predicted_at_peak": predicted.at_peak, "predicted_device_bound_bytes": predicted.device_peak_bytes,
                "predicted_start_bytes": sum(predicted.start.values())}

@@ -4,7 +4,7 @@ The floors are import-linter contracts in pyproject.toml (`lint-imports`
 checks them; this test runs it). The one cycle they allow, tensor <-> ops
 (the ops' records hand back Tensors, through function.py and tape.py), is
 kept to imports inside functions, which the second test checks. The lab
-(bench/, fit, step_memory, activations, testing/, the command line) imports
+(bench/, fit, meta, activations, testing/, the command line) imports
 the lesson, never the reverse, not even inside a function (the third test).
 """
 
@@ -42,7 +42,7 @@ def test_the_engine_cycle_stays_inside_functions(name):
     assert not module_level, f"{name} imports tensor at module level (line {module_level[0].lineno}): import it inside the function that needs it"
 
 
-LAB = ("bench", "fit", "step_memory", "activations", "meta", "testing", "cli", "__main__")
+LAB = ("bench", "fit", "activations", "meta", "testing", "cli", "__main__")
 
 
 def _lab_imports(path):

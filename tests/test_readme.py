@@ -120,10 +120,10 @@ def test_the_train_excerpt_is_what_train_prints(capsys):
 
 
 def test_the_fit_excerpt_is_what_fit_prints(capsys):
-    """The README's excerpt of `tinygrad-ckpt fit --model gpt2-large --memory t4 --effective-batch-size 32`."""
+    """The README's excerpt of `tinygrad-ckpt fit --model gpt2-large --memory v100-16gb --effective-batch-size 32`."""
     from tinygrad_ckpt import cli
 
-    command = "tinygrad-ckpt fit --model gpt2-large\n--memory t4 --effective-batch-size 32"
+    command = "tinygrad-ckpt fit --model gpt2-large\n--memory v100-16gb --effective-batch-size 32"
     assert command in README.read_text()
     assert cli.main(command.split()[1:]) == 0
     printed = {line.rstrip() for line in capsys.readouterr().out.splitlines()}

@@ -28,7 +28,7 @@ prints them beside its measurements.
 
 What does not live here: measuring (memory.py, saved.py), the cost model a
 checkpoint planner uses for measured layers (schedules.py), the rest of a
-training step's memory (step_memory.py).
+training step's memory (fit.py, which runs the step on the meta device).
 """
 
 from .schedules import LayerCost, walk  # the one cost model: formulas in, bytes out
@@ -155,7 +155,7 @@ def gpt_chain(n_layer, s, b, h, a, dropout=True, split_blocks=False, selective=F
     backward ends. With the selective policy this holds for segments of one
     layer each ('every'): a longer segment keeps all its layers' Linear
     outputs from its start, which a per-layer cost cannot say
-    (step_memory.walk_step walks any plan).
+    (fit.gpt_step runs any plan).
     """
     x = itemsize * s * b * h
     if split_blocks:

@@ -38,9 +38,10 @@ class Optimizer:
     state_names = ()
 
     def __init__(self, params, lr):
-        self.params = []
+        self.params, seen = [], set()
         for p in params:  # each parameter once, in order (a tied weight may be listed twice)
-            if all(p is not q for q in self.params):
+            if id(p) not in seen:
+                seen.add(id(p))
                 self.params.append(p)
         if not self.params:
             raise ValueError(f"{type(self).__name__} got an empty parameter list; pass model.parameters()")
