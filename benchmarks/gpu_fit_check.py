@@ -39,7 +39,8 @@ import time
 
 import numpy
 
-from tinygrad_ckpt import backend, fit, memory, random, strict_cupy
+from tinygrad_ckpt import backend, fit, memory, random
+from tinygrad_ckpt.testing import strict_cupy
 from tinygrad_ckpt.nn import GPT, GPTConfig
 from tinygrad_ckpt.train import TrainingArguments, Trainer
 
@@ -159,7 +160,7 @@ def run(args):
     else:
         total, meta["gpu"] = 64 << 30, None  # the stand-in: no device; fit is asked about 64 GiB
     plan = fit.plan_training(config, seq_len, effective_batch_size=batch, device_memory=int(total),
-                             reserve_bytes=int(context or 0), device="cuda")
+                             reserve_bytes=int(context or 0))
     results = {"meta": meta, "model": config.__dict__, "seq_len": seq_len, "micro_batch": batch,
                "fit_table": str(plan), "rows": []}
     print(f"GPT of {plan.parameters / 1e6:.0f}M parameters, sequence {seq_len}, micro-batch {batch}, on "
