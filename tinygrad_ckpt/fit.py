@@ -51,18 +51,17 @@ a published report), less the CUDA context (DEFAULT_RESERVE); a size given
 instead is taken as what the process can have. reserve_bytes overrides the
 reserve; benchmarks/gpu_check.sh measures it on a GPU.
 
-dtypes: this engine trains in float32 and float64, and for those the figures
-are its own. float16 and bfloat16 are the step of a 16-bit model, under an
-assumption the caller must state (mixed_precision):
-  True   mixed precision: 16-bit parameters, gradients and activations;
-         float32 master weights and AdamW moments (12 bytes per parameter);
-         float32 accumulation buffers. The usual count, in Rajbhandari et
-         al. 2020 (ZeRO) section 3.1, is 16 bytes per parameter (2 + 2 + 12);
-         this engine's Trainer adds its accumulation buffers (4 more). The
-         step is a 16-bit model's with float32 buffers, and the 8 bytes a
-         parameter of float32 state it does not make are added: an estimate.
-  False  every array 16-bit, AdamW's moments included (8 bytes per parameter
-         with the buffers): the step of a 16-bit model, as this engine runs it.
+dtypes: float32 and float64 are the model's dtype. float16 and bfloat16
+need the kind of 16-bit training said (mixed_precision), and each is run as
+the Trainer runs it:
+  True   mixed precision, TrainingArguments(fp16=True) or bf16=True: float32
+         parameters, gradients, AdamW moments and accumulation buffers, and
+         the forward's ops in 16-bit where autocast's policy says (autocast.py;
+         layer norm, softmax and the loss stay float32). As PyTorch's autocast,
+         not as the "16 bytes per parameter" of Rajbhandari et al. 2020 (ZeRO,
+         section 3.1), which keeps 16-bit parameters beside float32 masters.
+  False  a 16-bit model: every array 16-bit, AdamW's moments included.
+bfloat16 needs the ml_dtypes package (NumPy has no bfloat16).
 
 What does not live here: the meta device (meta.py), the saved-activation
 formulas (activations.py), the planner (schedules.py), the command line (cli.py).
@@ -141,16 +140,16 @@ VERDICTS = ("no technique needed", "gradient accumulation", "gradient checkpoint
 # -- inputs ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Precision:
-    """What the arrays of a step are made of, in bytes, and how fit runs it."""
+    """What the arrays of a step are made of, and how the step is run."""
 
-    dtype: str  # the model's dtype, as the step is run
-    itemsize: int  # activations, parameters and gradients, per element
-    optimizer_bytes: int  # optimizer state per parameter
-    accumulation_itemsize: int  # the accumulation buffers, per element
-    runs_here: bool  # this engine trains with it (float32, float64); else an estimate
+    dtype: str  # the model's: its parameters, gradients, optimizer state and buffers
+    autocast: str  # None, or the 16-bit dtype autocast runs the forward's ops in (TrainingArguments fp16/bf16)
     description: str
-    accumulation_dtype: str = None  # TrainingArguments.accumulation_dtype of the step run (None: the model's)
-    extra_optimizer_bytes: int = 0  # per parameter: state the engine does not make, added (mixed precision)
+
+    @property
+    def itemsize(self):
+        """Bytes per element of most activations (the planner's formulas' unit)."""
+        return 2 if self.autocast else _dtype(self.dtype).itemsize
 
 
 def precision(dtype="float32", mixed_precision=None):
@@ -158,20 +157,19 @@ def precision(dtype="float32", mixed_precision=None):
     if dtype in ("float32", "float64"):
         if mixed_precision:
             raise ValueError(f"mixed_precision applies to float16 and bfloat16, not to dtype {dtype!r}")
-        f = 4 if dtype == "float32" else 8
-        return Precision(dtype, f, 2 * f, f, True, f"{dtype}, as this engine runs it")
+        return Precision(dtype, None, dtype)
     if dtype in ("float16", "bfloat16"):
         if mixed_precision is None:
             raise ValueError(
-                f"dtype {dtype!r} is an estimate (this engine trains in float32 and float64): say what it assumes "
-                "with mixed_precision=True (16-bit parameters, gradients and activations, float32 master weights and "
-                "AdamW moments) or mixed_precision=False (every array 16-bit)")
-        if mixed_precision:  # the step of a 16-bit model with float32 buffers, plus 8 bytes a parameter of state
-            return Precision(dtype, 2, 12, 4, False, f"{dtype} mixed precision (float32 master weights and AdamW "
-                             "moments, float32 accumulation buffers): an estimate, the step of a 16-bit model with "
-                             "the float32 state added", "float32", 12 - 2 * 2)
-        return Precision(dtype, 2, 4, 2, False, f"pure {dtype} (every array 16-bit, AdamW moments too): the step of "
-                         "a 16-bit model, an estimate of training in it")
+                f"dtype {dtype!r}: say which 16-bit training with mixed_precision=True (autocast: float32 parameters, "
+                "gradients, AdamW moments and buffers, the forward's ops in 16-bit; TrainingArguments "
+                f"{'fp16' if dtype == 'float16' else 'bf16'}=True) or mixed_precision=False (a 16-bit model: every "
+                "array 16-bit)")
+        if mixed_precision:
+            flag = "fp16" if dtype == "float16" else "bf16"
+            return Precision("float32", dtype, f"{dtype} mixed precision ({flag}=True: float32 parameters and state, "
+                             f"the forward's ops in {dtype} as autocast's policy says)")
+        return Precision(dtype, None, f"pure {dtype} (a {dtype} model: every array 16-bit, AdamW's moments too)")
     raise ValueError(f"dtype must be one of float32, float64, float16, bfloat16, got {dtype!r}")
 
 
@@ -377,20 +375,18 @@ def _enter(model, recorder, count):
 
 
 def gpt_step(config, batch_size, seq_len, dtype="float32", checkpointing=None, accumulation_dtype=None,
-             optim="adamw", device="cuda", extra_optimizer_bytes=0):
+             optim="adamw", device="cuda", autocast=None):
     """estimate_step for nn/transformer.py's GPT (a GPTConfig) on batches of batch_size x seq_len tokens.
 
     checkpointing: None, or GPT.gradient_checkpointing_enable's arguments
     (segments, policy, split_blocks); dtype: the model's; accumulation_dtype,
-    optim: as TrainingArguments'. extra_optimizer_bytes: optimizer state the
-    engine does not make, added to every moment of the step (fit's estimate
-    of mixed precision's float32 master weights, see `precision`).
+    optim: as TrainingArguments'; autocast: None, "bfloat16" or "float16",
+    mixed precision as TrainingArguments' bf16 / fp16.
     """
-    key = (repr(config), batch_size, seq_len, dtype, repr(checkpointing), accumulation_dtype, optim, device,
-           extra_optimizer_bytes)
+    key = (repr(config), batch_size, seq_len, dtype, repr(checkpointing), accumulation_dtype, optim, device, autocast)
     return _kept(_STEPS, key, lambda: dataclasses.replace(
-        _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device,
-                  extra_optimizer_bytes), points=None, scratch_points=None))
+        _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast),
+        points=None, scratch_points=None))
 
 
 # The steps and profiles run so far, by what they depend on (not the GPU asked about): asking about
@@ -406,23 +402,14 @@ def _kept(store, key, make, size=64):
     return store[key]
 
 
-def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device,
-              extra_optimizer_bytes):
+def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast):
     model = GPT(config, dtype=_dtype(dtype), device="meta")
-    args = dict(optim=optim, accumulation_dtype=accumulation_dtype)
+    args = dict(optim=optim, accumulation_dtype=accumulation_dtype, fp16=autocast == "float16",
+                bf16=autocast == "bfloat16")
     if checkpointing is not None:
         args.update(gradient_checkpointing=True, gradient_checkpointing_kwargs=dict(checkpointing))
     tokens = ((batch_size, seq_len), numpy.int64)
-    step = estimate_step(model, {"input_ids": tokens, "labels": tokens}, None, args, device)
-    if extra_optimizer_bytes:  # alive through the whole step: the same bytes more at every moment
-        optimizer = memory.CATEGORIES.index("optimizer")
-        for figures in (step.start, step.at_peak, step.highest):
-            figures["optimizer"] += extra_optimizer_bytes
-        step.points[optimizer] = array("q", (b + extra_optimizer_bytes for b in step.points[optimizer]))
-        step.scratch_points = array("q", (b + extra_optimizer_bytes for b in step.scratch_points))
-        step.peak_bytes += extra_optimizer_bytes
-        step.device_peak_bytes += extra_optimizer_bytes
-    return step
+    return estimate_step(model, {"input_ids": tokens, "labels": tokens}, None, args, device)
 
 
 def _dtype(name):
@@ -532,7 +519,7 @@ def profile_gpt(config, seq_len, **kwargs):
 
 def _profile(config, seq_len, kwargs):
     step = {**dict(dtype="float32", checkpointing=None, accumulation_dtype=None, optim="adamw", device="cuda",
-                   extra_optimizer_bytes=0), **kwargs}
+                   autocast=None), **kwargs}
     run = lambda b: _gpt_step(config, b, seq_len, **step)  # noqa: E731 (with every moment's bytes)
     one, two = run(1), run(2)
     try:
@@ -686,8 +673,7 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     parameters = sum(p.data.size for p in GPT(config, device="meta").parameters())
     plan = TrainingPlan(config, name, seq_len, effective_batch_size, processes, memory_bytes, label,
                         memory_bytes - reserve_bytes, prec, parameters)
-    run = dict(dtype=prec.dtype, accumulation_dtype=prec.accumulation_dtype,
-               extra_optimizer_bytes=prec.extra_optimizer_bytes * parameters)
+    run = dict(dtype=prec.dtype, autocast=prec.autocast)
     forward, halves = step_flops(config, 1, seq_len)
     profiles = {}
     for key, label_, checkpointing in STRATEGIES:
@@ -922,7 +908,7 @@ def render(plan):
               "and recomputes least.",
               "time: a step's FLOPs with the recomputation over a step's without (about three forwards); "
               "peaks are memory.py's count of the step run on the meta device, exact for this engine "
-              + ("(float32/float64)." if prec.runs_here else "with a 16-bit model (an estimate of training in it).")]
+              + "in every precision."]
     return "\n".join(lines)
 
 
@@ -966,7 +952,8 @@ def add_arguments(parser):
     run.add_argument("--dtype", default="float32", help="float32, float64, float16 or bfloat16 (default: %(default)s)")
     run.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=None,
                      help="for float16/bfloat16, required: float32 master weights and AdamW moments "
-                          "(--mixed-precision) or every array 16-bit (--no-mixed-precision)")
+                          "(--mixed-precision: float32 parameters and state, autocast's 16-bit ops) or a 16-bit model "
+                          "(--no-mixed-precision)")
     hw = parser.add_argument_group("device")
     hw.add_argument("--memory", default="a100-80gb",
                     help="a GPU (" + ", ".join(GPUS) + "), or a size: 24GiB, 16GB, bytes (default: %(default)s)")
@@ -984,9 +971,8 @@ def run(args):
     """tinygrad-ckpt fit: plan_training from the flags, printed."""
     try:
         if args.dtype in ("float16", "bfloat16") and args.mixed_precision is None:
-            raise ValueError(f"--dtype {args.dtype} is an estimate (this engine runs float32 and float64): add "
-                             "--mixed-precision (float32 master weights and AdamW moments) or --no-mixed-precision "
-                             "(every array 16-bit)")
+            raise ValueError(f"--dtype {args.dtype}: add --mixed-precision (autocast: float32 parameters and "
+                             "state, the forward's ops in 16-bit) or --no-mixed-precision (a 16-bit model)")
         if args.model not in GPT2:
             raise ValueError(f"unknown model preset {args.model!r}: use one of {', '.join(GPT2)}")
         fields = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
