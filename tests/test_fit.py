@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor, activations, cli, fit, memory, meta, policies, tape
-from tinygrad_ckpt.nn import GPT, MLP, GPTConfig, Linear, Module
+from tinygrad_ckpt.nn import (
+    CNN, GPT, MLP, CNNConfig, Encoder, EncoderConfig, GPTConfig, Linear, LSTMConfig, LSTMLanguageModel, Module,
+)
 from tinygrad_ckpt.saved import op_flops
 from tinygrad_ckpt.schedules import revolve, segment_bounds
 from tinygrad_ckpt.train import TrainingArguments, Trainer
@@ -293,6 +295,51 @@ def test_any_model_s_buffers_are_all_seen(name):
     objects -= tiny_predicted.device_peak_bytes - sum(tiny_predicted.start.values())
     start = sum(predicted.start.values())
     assert predicted.peak_bytes - start <= seen <= predicted.device_peak_bytes - start + objects + 64 * 1024
+
+
+def image_loss(model, batch):
+    logits, _ = model(Tensor(batch["x"], device=model.head.weight.device))
+    return F.cross_entropy(logits, batch["y"], reduction="sum"), len(batch["y"])
+
+
+KINDS = {  # (a small model on a device, its batch's fields: (shape, dtype, values), its loss (None: the Trainer's))
+    "cnn": (lambda device: CNN(CNNConfig(image_size=8, widths=(4, 8)), rng=numpy.random.default_rng(0), device=device),
+            {"x": ((4, 3, 8, 8), "float32", lambda r, s: r.standard_normal(s)), "y": ((4,), "int64", lambda r, s: r.integers(0, 10, s))},
+            image_loss),
+    "lstm": (lambda device: LSTMLanguageModel(LSTMConfig(vocab_size=20, n_embd=8, hidden_size=12, num_layers=2),
+                                              rng=numpy.random.default_rng(0), device=device),
+             {"input_ids": ((3, 9), "int64", lambda r, s: r.integers(0, 20, s)),
+              "labels": ((3, 9), "int64", lambda r, s: r.integers(0, 20, s))}, None),
+    "encoder": (lambda device: Encoder(EncoderConfig(block_size=8, vocab_size=12, num_classes=5, dropout=0.1),
+                                       rng=numpy.random.default_rng(0), device=device),
+                {"input_ids": ((3, 8), "int64", lambda r, s: r.integers(0, 12, s)),
+                 "labels": ((3,), "int64", lambda r, s: r.integers(0, 5, s))}, None),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("checkpointing", [None, {"segments": "every"}, {"segments": "sqrt"}])
+def test_every_model_kind_s_meta_step_is_its_real_step_to_the_byte(kind, checkpointing):
+    """The CNN, the LSTM language model (checkpointed through time) and the encoder, as the GPT and the MLP."""
+    make, fields, loss = KINDS[kind]
+    args = {} if checkpointing is None else dict(gradient_checkpointing=True, gradient_checkpointing_kwargs=checkpointing)
+    rng = numpy.random.default_rng(3)
+    batch = fields[next(iter(fields))][0][0]
+    data = [{name: draw(rng, shape[1:]).astype(dtype) for name, (shape, dtype, draw) in fields.items()} for _ in range(batch)]
+    gc.collect()
+    before = memory.current()
+    trainer = Trainer(make("cpu"), TrainingArguments(per_device_train_batch_size=batch, max_steps=1, disable_tqdm=True,
+                                                     logging_steps=0, **args), data, data_collator=stack,
+                      compute_loss_func=loss)
+    with every_check() as highest:
+        trainer.train()
+    peak, split = memory.peak()
+    del trainer
+    predicted = fit.estimate_step(make("meta"), {name: (shape, dtype) for name, (shape, dtype, _) in fields.items()},
+                                  loss, args, device="cpu")
+    assert predicted.peak_bytes == peak - sum(before.values())
+    assert predicted.at_peak == {c: split[c] - before[c] for c in split}
+    assert predicted.highest == {c: highest[c] - before[c] for c in highest}
 
 
 def test_estimate_step_names_what_is_wrong():

@@ -610,7 +610,8 @@ def _two_inputs(ufunc):
     return function
 
 
-exp, log, tanh, sqrt, sign = map(_one_input, (numpy.exp, numpy.log, numpy.tanh, numpy.sqrt, numpy.sign))
+exp, log, log1p, tanh, sqrt, sign = map(_one_input, (numpy.exp, numpy.log, numpy.log1p, numpy.tanh, numpy.sqrt,
+                                                     numpy.sign))
 abs, isfinite, isnan, negative = map(_one_input, (numpy.absolute, numpy.isfinite, numpy.isnan, numpy.negative))  # noqa: A001
 multiply, maximum, minimum = map(_two_inputs, (numpy.multiply, numpy.maximum, numpy.minimum))
 
@@ -745,6 +746,19 @@ def stack(arrays, axis=0):
     shape = list(arrays[0].shape)
     shape.insert(_axis(axis, len(shape) + 1), len(arrays))
     return ndarray(shape, numpy.result_type(*(a.dtype for a in arrays)))
+
+
+class _StrideTricks:
+    """numpy.lib.stride_tricks, as far as the engine uses it (a convolution's windows)."""
+
+    @staticmethod
+    def as_strided(x, shape=None, strides=None, writeable=True):
+        """A view of x with these shape and strides, as NumPy makes it (on a stand-in: nothing is read)."""
+        return x._view(as_strided(x._layout(), shape, strides, writeable=False))
+
+
+class lib:  # noqa: N801 (numpy.lib's name)
+    stride_tricks = _StrideTricks
 
 
 def get_default_memory_pool():
