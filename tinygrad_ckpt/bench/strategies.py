@@ -32,6 +32,17 @@ A strategy that cannot save anything at a size says so in its row: sqrt(n)
 segments on 2 blocks round to one segment, the whole stack, recomputed at
 once in backward.
 
+Mixed precision: at one size of W1 and of W2 (BenchConfig.precision_*),
+beside the plain float32 step ("none"), the same step as
+TrainingArguments(bf16=True) / fp16=True runs it: the forward and the loss
+under autocast (autocast.py; its casts are Cast records on the tape, their
+copies counted by memory.py), float32 parameters, gradients and AdamW
+state, and for float16 the loss scaled by a GradScaler (grad_scaler.py),
+the gradients unscaled before the step, a step with inf or NaN skipped.
+These rows have no analytic count (activations.py counts float32). NumPy
+has no float16 matrix product in BLAS: its float16 steps run many times
+slower than float32's, which is why the quick set leaves float16 out.
+
 `collect(config, progress)` measures a set and returns every figure;
 `render(results)` makes the Markdown tables of them.
 
@@ -48,9 +59,10 @@ from dataclasses import dataclass
 
 import numpy
 
-from .. import activations, backend, memory, optim, policies
+from .. import activations, autocast, backend, memory, optim, policies
 from .. import functional as F
 from ..accumulate import GradientAccumulator
+from ..grad_scaler import GradScaler
 from ..ops.flops import op_flops
 from ..schedules import measure_layers, minimum_budget, plan_checkpoints, predict, segment_bounds
 from ..tensor import Tensor
@@ -71,22 +83,29 @@ class BenchConfig:
     timeline_w1_depth: int  # which sizes get a memory timeline (the plots, the explorer page)
     timeline_w2_blocks: int
     repeats: int = 5  # timed steps per row (median), after one warm-up step
+    precisions: tuple = ()  # mixed-precision rows ("bfloat16", "float16"), beside float32's "none" ...
+    precision_w1_depth: int = None  # ... at these sizes (one of each workload's sizes)
+    precision_w2_blocks: int = None
 
 
 FULL = BenchConfig(
     sizes=workloads.FULL, budgets=(0.5, 0.25),
     tradeoff_w1_depth=32, tradeoff_w2_blocks=8, tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2),
     timeline_w1_depth=64, timeline_w2_blocks=8,  # the largest: the explorer page shows them event by event
+    # the smallest: a float16 step of W1 at 8 layers takes about a minute on NumPy (no float16 BLAS)
+    precisions=("bfloat16", "float16"), precision_w1_depth=8, precision_w2_blocks=2,
 )
 QUICK = BenchConfig(
     sizes=workloads.QUICK, budgets=(0.5, 0.25),
     tradeoff_w1_depth=16, tradeoff_w2_blocks=4, tradeoff_fractions=(0.75, 0.5),
     timeline_w1_depth=8, timeline_w2_blocks=4,
+    precisions=("bfloat16",), precision_w1_depth=8, precision_w2_blocks=4,  # at the timelines' sizes: the page shows the casts
 )
 TINY = BenchConfig(
     sizes=workloads.TINY, budgets=(0.5, 0.25),
     tradeoff_w1_depth=4, tradeoff_w2_blocks=2, tradeoff_fractions=(0.75, 0.5),
     timeline_w1_depth=4, timeline_w2_blocks=2, repeats=2,
+    precisions=("bfloat16", "float16"), precision_w1_depth=4, precision_w2_blocks=2,
 )
 SETS = {"full": FULL, "quick": QUICK, "tiny": TINY}
 
@@ -95,6 +114,8 @@ LEARNING_RATE = 1e-4  # small: the step is measured, the model need not learn
 HF_GUIDE = "transformers v4.47.1, perf_train_gpu_one"
 HF_GUIDE_URL = "https://huggingface.co/docs/transformers/v4.47.1/perf_train_gpu_one"
 F32 = 4
+# The mixed-precision rows' names in the tables (the float32 row is "none").
+PRECISION_ROWS = {"bfloat16": "bf16 autocast", "float16": "fp16 autocast, loss scaled"}
 
 
 # -- one training step per strategy --------------------------------------------------
@@ -123,18 +144,47 @@ def gpt_embed(model, idx):
     return model.drop(model.wte(idx) + model.wpe(pos))
 
 
-def _timed(forward_backward, optimizer):
+def _timed(forward_backward, optimizer, scaler=None):
     """Run one training step: (forward + backward seconds, step seconds, step CPU seconds).
 
     CPU seconds (all threads of this process) count work done, not waiting
     for a busy CPU, so on a shared machine they are the steadier figure.
+    scaler: float16's GradScaler; it unscales, steps unless a gradient
+    overflowed, and updates its scale, as the Trainer does.
     """
     start, cpu = time.perf_counter(), time.process_time()
     forward_backward()
     middle = time.perf_counter()
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
     optimizer.zero_grad()
     return middle - start, time.perf_counter() - start, time.process_time() - cpu
+
+
+def mixed_precision_step(loss, optimizer, dtype):
+    """(step, scaler): one training step as TrainingArguments(bf16=True) / fp16=True runs it.
+
+    loss(): the float32 model's loss, run under autocast(dtype); float16
+    scales it before backward (GradScaler), unscales the gradients after,
+    and skips a step whose gradients overflowed (the scaler then halves its
+    scale); bfloat16's scaler is a pass-through.
+    """
+    scaler = GradScaler(enabled=dtype == "float16")
+
+    def forward_backward():
+        with autocast.autocast(dtype):
+            value = loss()  # float32: the loss is on the policy's float32 list
+        scaler.scale(value).backward()
+        scaler.unscale_(optimizer)  # once, after backward, as the Trainer does before clipping
+
+    def step():
+        with numpy.errstate(over="ignore", invalid="ignore"):  # an overflow is the scaler's to handle
+            return _timed(forward_backward, optimizer, scaler)
+
+    return step, scaler
 
 
 def measure_memory(step, policy=None):
@@ -286,9 +336,28 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
                            "once in backward, so it saves nothing")
         rows.append(row)
         timed.append((row, lambda s=segments, p=policy, h=split: checkpointing(model, s, p, h), step))
+    scalers = []
+    for dtype in config.precisions if size == _precision_size(config, workload) else ():
+        row = {"workload": workload, "size": size, "strategy": PRECISION_ROWS[dtype], "precision": dtype,
+               "predicted_activation_bytes": None}  # activations.py counts float32 only
+        progress(f"{workload} size {size}, {row['strategy']}: memory")
+        checkpointing(model, None, None)
+        precise, scaler = mixed_precision_step(loss, optimizer, dtype)
+        row.update(measure_memory(precise))
+        rows.append(row)
+        scalers.append((row, scaler))
+        timed.append((row, lambda: checkpointing(model, None, None), precise))
     time_in_turn(timed, config.repeats, progress, f"{workload} size {size}")
+    for row, scaler in scalers:
+        if scaler.enabled:  # the scale after the timed steps: below 2**16 if a step overflowed (and was skipped)
+            row["loss_scale"] = scaler.get_scale()
     checkpointing(model, None, None)
     return rows
+
+
+def _precision_size(config, workload):
+    """The size of `workload` ("W1", "W2") that gets the mixed-precision rows."""
+    return config.precision_w1_depth if workload == "W1" else config.precision_w2_blocks
 
 
 def bench_w1(config, depth, progress, fractions=()):
@@ -458,6 +527,41 @@ def _recomputed(row):
     return share
 
 
+def precision_table(rows):
+    """The mixed-precision rows beside float32's plain step ("none") at the same size; None if there are none.
+
+    Seconds here are absolute (the run's machine is in the header): float16
+    on NumPy is slow, and the ratio alone would hide by how much.
+    """
+    lines = []
+    for r in rows:
+        if not r.get("precision"):
+            continue
+        base = next(b for b in rows if (b["workload"], b["size"], b["strategy"]) == (r["workload"], r["size"], "none"))
+        if not lines or lines[-1][:2] != [r["workload"], str(r["size"])]:
+            lines.append(_precision_cells(base, base, "float32"))
+        lines.append(_precision_cells(r, base, r["precision"]))
+    if not lines:
+        return None
+    head = ["workload", "size", "precision", "act peak MiB", "act × float32", "peak MiB", "params", "grads", "optim",
+            "act", "other", "step s", "step ×", "cpu ×"]
+    return "\n".join(["### Mixed precision: the plain step in float32, and under autocast (bf16=True, fp16=True)", "",
+                      "Parameters, gradients and AdamW's state stay float32; saved activations hold the 16-bit "
+                      "copies autocast makes (Cast records), the weights' among them. fp16: the loss scaled by a "
+                      "GradScaler (final loss scale in brackets where a step overflowed). step s: median wall "
+                      "seconds of a step; NumPy has no float16 BLAS, so float16's matrix products are slow.", ""]
+                     + markdown_table(head, lines))
+
+
+def _precision_cells(r, base, precision):
+    scale = f" (loss scale {r['loss_scale']:g})" if r.get("loss_scale", 2.0**16) != 2.0**16 else ""
+    return [r["workload"], str(r["size"]), precision + scale, mib(r["activation_peak_bytes"], 2),
+            f"{r['activation_peak_bytes'] / base['activation_peak_bytes']:.2f}", mib(r["peak_bytes"]),
+            *[mib(r["peak_by_category"][c]) for c in ("parameters", "gradients", "optimizer", "activations", "other")],
+            f"{r['step_seconds']:.3g}" if r.get("step_seconds") else "—", _ratio(r, base),
+            _ratio(r, base, "step_cpu_seconds")]
+
+
 def summary(results):
     """The summary table: when accumulation and checkpointing are needed, with measured figures.
 
@@ -486,7 +590,7 @@ def summary(results):
         size = max(r["size"] for r in rows)
         base = next(r for r in rows if r["size"] == size and r["strategy"] == "none")
         for r in rows:
-            if r["size"] != size or r["strategy"] == "none":
+            if r["size"] != size or r["strategy"] == "none" or r.get("precision"):
                 continue
             lines.append([
                 f"checkpointing {r['strategy']}, {workload} {size} {label}" + (f" ({r['note']})" if r.get("note") else ""),
@@ -543,6 +647,9 @@ def render(results):
                          (c["w2"]["n_embd"], c["w2"]["n_head"], c["w2"]["seq"], c["w2"]["batch"]))
         baselines = {r["size"]: r for r in wrows if r["strategy"] == "none"}
         out += [table(wrows, title, size_name, baselines), ""]
+    precision = precision_table(rows)
+    if precision:
+        out += [precision, ""]
     for curve in results["tradeoff"]:
         baselines = {curve["size"]: curve["baseline"]}
         out += [table(curve["rows"], f"Trade-off: budget plans, {curve['workload']} size {curve['size']}",
@@ -562,7 +669,7 @@ def count_rows(config):
     extra = len([f for f in config.tradeoff_fractions if f not in config.budgets])
     w1 = len(config.sizes.w1_depths) * (3 + len(config.budgets)) + extra
     w2 = len(config.sizes.w2_blocks) * (5 + len(config.budgets)) + extra
-    return w1 + w2 + len(config.sizes.w3.splits)
+    return w1 + w2 + len(config.sizes.w3.splits) + 2 * len(config.precisions)
 
 
 def collect(config, progress):
@@ -576,6 +683,9 @@ def collect(config, progress):
                                                ("W2", config.sizes.w2_blocks, config.tradeoff_w2_blocks, bench_w2)):
         if curve_size not in sizes:
             raise ValueError(f"{workload}: the trade-off size {curve_size} must be one of the sizes {sizes}")
+        if config.precisions and _precision_size(config, workload) not in sizes:
+            raise ValueError(f"{workload}: the mixed-precision size {_precision_size(config, workload)} must be one "
+                             f"of the sizes {sizes}")
         for size in sizes:
             fractions = config.tradeoff_fractions if size == curve_size else ()
             got = bench(config, size, progress, fractions)
