@@ -88,8 +88,8 @@ def test_accumulation_gives_the_same_gradients_and_less_activation_memory(tiny_r
 # -- mixed precision: float32, bfloat16, float16 ---------------------------------------------
 def _precision_rows(results, workload):
     """{precision: row} of the plain step at the workload's mixed-precision size; float32 is the "none" row."""
-    config = strategies.TINY
-    size = config.precision_w1_depth if workload == "W1" else config.precision_w2_blocks
+    config = strategies.TINY  # at the size whose timeline is drawn
+    size = config.timeline_w1_depth if workload == "W1" else config.timeline_w2_blocks
     rows = {r.get("precision", "float32"): r for r in results["rows"] if r["workload"] == workload and r["size"] == size
             and (r["strategy"] == "none" or r.get("precision"))}
     assert set(rows) == {"float32", "bfloat16", "float16"}, (workload, sorted(rows))
@@ -122,7 +122,7 @@ def test_w1_s_mixed_precision_saved_bytes_are_the_policy_s_count(tiny_run):
     are half of float32's, but for the loss's float32, and the weight copies come on top: at W1's reference
     width (1024) and batch (256) a weight copy is 4 times a layer's 16-bit activations."""
     _, _, results = tiny_run
-    w1 = workloads.TINY.w1_at(strategies.TINY.precision_w1_depth)
+    w1 = workloads.TINY.w1_at(strategies.TINY.timeline_w1_depth)
     n, b, h = w1.n_layers, w1.batch, w1.width
     rows = _precision_rows(results, "W1")
     assert rows["float32"]["activation_peak_bytes"] == (2 * n + 2) * 4 * b * h

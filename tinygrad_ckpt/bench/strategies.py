@@ -32,16 +32,18 @@ A strategy that cannot save anything at a size says so in its row: sqrt(n)
 segments on 2 blocks round to one segment, the whole stack, recomputed at
 once in backward.
 
-Mixed precision: at one size of W1 and of W2 (BenchConfig.precision_*),
-beside the plain float32 step ("none"), the same step as
-TrainingArguments(bf16=True) / fp16=True runs it: the forward and the loss
-under autocast (autocast.py; its casts are Cast records on the tape, their
-copies counted by memory.py), float32 parameters, gradients and AdamW
-state, and for float16 the loss scaled by a GradScaler (grad_scaler.py),
-the gradients unscaled before the step, a step with inf or NaN skipped.
-These rows have no analytic count (activations.py counts float32). NumPy
-has no float16 matrix product in BLAS: its float16 steps run many times
-slower than float32's, which is why the quick set leaves float16 out.
+Mixed precision: at the size of W1 and of W2 whose timelines are drawn
+(BenchConfig.timeline_*, so the explorer page shows them), beside the
+plain float32 step ("none"), the same step as TrainingArguments(bf16=True)
+and fp16=True run it: the forward and the loss under autocast
+(autocast.py; its casts are Cast records on the tape, their copies counted
+by memory.py), float32 parameters, gradients and AdamW state, and for
+float16 the loss scaled by a GradScaler (grad_scaler.py), the gradients
+unscaled before the step, a step with inf or NaN skipped. These rows have
+no analytic count (activations.py counts float32). On NumPy they are
+slower than float32, not faster: it has no 16-bit BLAS, so each 16-bit
+matrix product runs in float32 and is rounded (ops/matmul.py), and the
+casts are work of their own.
 
 `collect(config, progress)` measures a set and returns every figure;
 `render(results)` makes the Markdown tables of them.
@@ -83,29 +85,22 @@ class BenchConfig:
     timeline_w1_depth: int  # which sizes get a memory timeline (the plots, the explorer page)
     timeline_w2_blocks: int
     repeats: int = 5  # timed steps per row (median), after one warm-up step
-    precisions: tuple = ()  # mixed-precision rows ("bfloat16", "float16"), beside float32's "none" ...
-    precision_w1_depth: int = None  # ... at these sizes (one of each workload's sizes)
-    precision_w2_blocks: int = None
 
 
 FULL = BenchConfig(
     sizes=workloads.FULL, budgets=(0.5, 0.25),
     tradeoff_w1_depth=32, tradeoff_w2_blocks=8, tradeoff_fractions=(0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2),
     timeline_w1_depth=64, timeline_w2_blocks=8,  # the largest: the explorer page shows them event by event
-    # the smallest: a float16 step of W1 at 8 layers takes about a minute on NumPy (no float16 BLAS)
-    precisions=("bfloat16", "float16"), precision_w1_depth=8, precision_w2_blocks=2,
 )
 QUICK = BenchConfig(
     sizes=workloads.QUICK, budgets=(0.5, 0.25),
     tradeoff_w1_depth=16, tradeoff_w2_blocks=4, tradeoff_fractions=(0.75, 0.5),
     timeline_w1_depth=8, timeline_w2_blocks=4,
-    precisions=("bfloat16",), precision_w1_depth=8, precision_w2_blocks=4,  # at the timelines' sizes: the page shows the casts
 )
 TINY = BenchConfig(
     sizes=workloads.TINY, budgets=(0.5, 0.25),
     tradeoff_w1_depth=4, tradeoff_w2_blocks=2, tradeoff_fractions=(0.75, 0.5),
     timeline_w1_depth=4, timeline_w2_blocks=2, repeats=2,
-    precisions=("bfloat16", "float16"), precision_w1_depth=4, precision_w2_blocks=2,
 )
 SETS = {"full": FULL, "quick": QUICK, "tiny": TINY}
 
@@ -114,7 +109,7 @@ LEARNING_RATE = 1e-4  # small: the step is measured, the model need not learn
 HF_GUIDE = "transformers v4.47.1, perf_train_gpu_one"
 HF_GUIDE_URL = "https://huggingface.co/docs/transformers/v4.47.1/perf_train_gpu_one"
 F32 = 4
-# The mixed-precision rows' names in the tables (the float32 row is "none").
+# The mixed-precision rows (at the timelines' sizes), by their names in the tables; float32's is "none".
 PRECISION_ROWS = {"bfloat16": "bf16 autocast", "float16": "fp16 autocast, loss scaled"}
 
 
@@ -337,7 +332,8 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
         rows.append(row)
         timed.append((row, lambda s=segments, p=policy, h=split: checkpointing(model, s, p, h), step))
     scalers = []
-    for dtype in config.precisions if size == _precision_size(config, workload) else ():
+    timeline_size = config.timeline_w1_depth if workload == "W1" else config.timeline_w2_blocks
+    for dtype in PRECISION_ROWS if size == timeline_size else ():
         row = {"workload": workload, "size": size, "strategy": PRECISION_ROWS[dtype], "precision": dtype,
                "predicted_activation_bytes": None}  # activations.py counts float32 only
         progress(f"{workload} size {size}, {row['strategy']}: memory")
@@ -353,11 +349,6 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
             row["loss_scale"] = scaler.get_scale()
     checkpointing(model, None, None)
     return rows
-
-
-def _precision_size(config, workload):
-    """The size of `workload` ("W1", "W2") that gets the mixed-precision rows."""
-    return config.precision_w1_depth if workload == "W1" else config.precision_w2_blocks
 
 
 def bench_w1(config, depth, progress, fractions=()):
@@ -530,8 +521,8 @@ def _recomputed(row):
 def precision_table(rows):
     """The mixed-precision rows beside float32's plain step ("none") at the same size; None if there are none.
 
-    Seconds here are absolute (the run's machine is in the header): float16
-    on NumPy is slow, and the ratio alone would hide by how much.
+    Seconds here are absolute (the run's machine is in the header), beside
+    the ratios: what a step costs on this machine in each precision.
     """
     lines = []
     for r in rows:
@@ -549,7 +540,8 @@ def precision_table(rows):
                       "Parameters, gradients and AdamW's state stay float32; saved activations hold the 16-bit "
                       "copies autocast makes (Cast records), the weights' among them. fp16: the loss scaled by a "
                       "GradScaler (final loss scale in brackets where a step overflowed). step s: median wall "
-                      "seconds of a step; NumPy has no float16 BLAS, so float16's matrix products are slow.", ""]
+                      "seconds of a step. On NumPy 16 bits are slower, not faster: no 16-bit BLAS, so each 16-bit "
+                      "matrix product runs in float32 and is rounded, and the casts are work of their own.", ""]
                      + markdown_table(head, lines))
 
 
@@ -669,7 +661,7 @@ def count_rows(config):
     extra = len([f for f in config.tradeoff_fractions if f not in config.budgets])
     w1 = len(config.sizes.w1_depths) * (3 + len(config.budgets)) + extra
     w2 = len(config.sizes.w2_blocks) * (5 + len(config.budgets)) + extra
-    return w1 + w2 + len(config.sizes.w3.splits) + 2 * len(config.precisions)
+    return w1 + w2 + len(config.sizes.w3.splits) + 2 * len(PRECISION_ROWS)
 
 
 def collect(config, progress):
@@ -683,9 +675,6 @@ def collect(config, progress):
                                                ("W2", config.sizes.w2_blocks, config.tradeoff_w2_blocks, bench_w2)):
         if curve_size not in sizes:
             raise ValueError(f"{workload}: the trade-off size {curve_size} must be one of the sizes {sizes}")
-        if config.precisions and _precision_size(config, workload) not in sizes:
-            raise ValueError(f"{workload}: the mixed-precision size {_precision_size(config, workload)} must be one "
-                             f"of the sizes {sizes}")
         for size in sizes:
             fractions = config.tradeoff_fractions if size == curve_size else ()
             got = bench(config, size, progress, fractions)
