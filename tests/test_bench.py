@@ -12,6 +12,7 @@ import pytest
 
 from tinygrad_ckpt import cli, memory
 from tinygrad_ckpt.bench import palette, strategies, workloads
+from tinygrad_ckpt.bench.report import mib
 from tinygrad_ckpt.schedules import segment_bounds
 
 try:
@@ -42,7 +43,8 @@ def test_bench_exits_cleanly_and_writes_json_and_markdown(tiny_run):
 def test_every_strategy_has_a_row(tiny_run):
     _, _, results = tiny_run
     w2 = {r["strategy"] for r in results["rows"] if r["workload"] == "W2"}
-    assert w2 == {"none", "every layer", "sqrt(n)", "budget 50%", "budget 25%", "selective", "selective, half blocks"}
+    assert w2 == {"none", "every layer", "sqrt(n)", "budget 50%", "budget 25%", "selective", "selective, half blocks",
+                  "bf16 autocast", "fp16 autocast, loss scaled"}
     w3 = [r["strategy"] for r in results["rows"] if r["workload"] == "W3"]
     assert w3 == ["4 x 1", "2 x 2", "1 x 4"]
     assert [len(c["rows"]) for c in results["tradeoff"]] == [2, 2]
@@ -51,7 +53,7 @@ def test_every_strategy_has_a_row(tiny_run):
 def test_measured_activation_peaks_equal_the_analytic_count(tiny_run):
     _, _, results = tiny_run
     rows = results["rows"] + [r for c in results["tradeoff"] for r in c["rows"]]
-    measured = [r for r in rows if not r.get("infeasible")]
+    measured = [r for r in rows if not r.get("infeasible") and not r.get("precision")]  # activations.py: float32
     assert len(measured) >= 15
     for r in measured:
         assert r["activation_peak_bytes"] == r["predicted_activation_bytes"], (r["workload"], r["size"], r["strategy"])
@@ -81,6 +83,67 @@ def test_accumulation_gives_the_same_gradients_and_less_activation_memory(tiny_r
     peaks = [r["activation_peak_bytes"] for r in w3]  # micro-batch 4, 2, 1
     assert peaks == sorted(peaks, reverse=True) and peaks[-1] < peaks[0]
     assert w3[0]["peak_by_category"]["accumulation"] == 0 < w3[1]["peak_by_category"]["accumulation"]
+
+
+# -- mixed precision: float32, bfloat16, float16 ---------------------------------------------
+def _precision_rows(results, workload):
+    """{precision: row} of the plain step at the workload's mixed-precision size; float32 is the "none" row."""
+    config = strategies.TINY  # at the size whose timeline is drawn
+    size = config.timeline_w1_depth if workload == "W1" else config.timeline_w2_blocks
+    rows = {r.get("precision", "float32"): r for r in results["rows"] if r["workload"] == workload and r["size"] == size
+            and (r["strategy"] == "none" or r.get("precision"))}
+    assert set(rows) == {"float32", "bfloat16", "float16"}, (workload, sorted(rows))
+    return rows
+
+
+def test_mixed_precision_rows_exist_for_w1_and_w2_and_are_tabled(tiny_run):
+    _, out, results = tiny_run
+    text = (out / "bench.md").read_text()
+    assert "### Mixed precision: the plain step in float32, and under autocast (bf16=True, fp16=True)" in text
+    table = text.split("### Mixed precision")[1].split("###")[0]
+    for workload in ("W1", "W2"):
+        rows = _precision_rows(results, workload)
+        for precision, r in rows.items():
+            assert r["step_seconds"] > 0 and r["repeats"] == strategies.TINY.repeats
+            assert f"| {workload} | {r['size']} | {precision} | {mib(r['activation_peak_bytes'], 2)} |" in table
+        assert rows["float16"].get("loss_scale") == 2.0**16  # no step overflowed: none skipped, the scale not halved
+        assert "loss_scale" not in rows["bfloat16"]  # bfloat16 needs no scaler
+    # only the chosen sizes have them, and the checkpointing summary leaves them out
+    assert sum(1 for r in results["rows"] if r.get("precision")) == 4
+    summary = text.split("### When accumulation and checkpointing are needed")[1]
+    assert "autocast" not in summary
+
+
+def test_w1_s_mixed_precision_saved_bytes_are_the_policy_s_count(tiny_run):
+    """Counted from autocast's policy, not from the bench: each Linear saves its input in 16 bits (2 bytes
+    an element), and, where its input needs a gradient (every layer but the first), the 16-bit copy of its
+    weight; each GELU its 16-bit input; the loss's square its float32 difference (a Sub of a 16-bit output
+    and a float32 target runs in float32). float32 saves 4 bytes an element and no weight. So the activations
+    are half of float32's, but for the loss's float32, and the weight copies come on top: at W1's reference
+    width (1024) and batch (256) a weight copy is 4 times a layer's 16-bit activations."""
+    _, _, results = tiny_run
+    w1 = workloads.TINY.w1_at(strategies.TINY.timeline_w1_depth)
+    n, b, h = w1.n_layers, w1.batch, w1.width
+    rows = _precision_rows(results, "W1")
+    assert rows["float32"]["activation_peak_bytes"] == (2 * n + 2) * 4 * b * h
+    bf16 = (n + 1) * 2 * b * h + n * 2 * h * h + n * 2 * b * h + 4 * b * h
+    assert rows["bfloat16"]["activation_peak_bytes"] == bf16
+    # float16: the same copies, and the loss scale, a float32 scalar the scaled loss's multiply keeps
+    assert rows["float16"]["activation_peak_bytes"] == bf16 + 4
+    for r in rows.values():  # the master weights stay float32
+        assert r["peak_by_category"]["parameters"] == rows["float32"]["peak_by_category"]["parameters"]
+
+
+def test_w2_s_mixed_precision_saves_less_than_float32_and_more_than_half(tiny_run):
+    """A GPT's blocks keep float32 where the policy says so (LayerNorm, softmax, the loss) and the residual
+    stream is float32: so more than half of float32's bytes; its activations outweigh the weight copies."""
+    _, _, results = tiny_run
+    rows = _precision_rows(results, "W2")
+    f32, bf16 = rows["float32"]["activation_peak_bytes"], rows["bfloat16"]["activation_peak_bytes"]
+    assert f32 / 2 < bf16 < f32
+    assert rows["float16"]["activation_peak_bytes"] == bf16 + 4  # and the loss scale
+    for r in rows.values():
+        assert r["peak_by_category"]["parameters"] == rows["float32"]["peak_by_category"]["parameters"]
 
 
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed (pip install -e ".[plot]"): no PNGs to check')
@@ -149,9 +212,10 @@ def _rgb(hex_colour):
 
 def test_one_colour_per_memory_category_and_recompute_marks_apart_from_them():
     assert set(palette.CATEGORY_COLOURS) == set(memory.CATEGORIES)
-    colours = list(palette.CATEGORY_COLOURS.values()) + [palette.RECOMPUTE_COLOUR, palette.SEGMENT_BACKWARD_COLOUR]
+    marks = (palette.RECOMPUTE_COLOUR, palette.SEGMENT_BACKWARD_COLOUR, palette.CAST_COLOUR)
+    colours = list(palette.CATEGORY_COLOURS.values()) + list(marks)
     assert len({c.lower() for c in colours}) == len(colours)
-    for mark in (palette.RECOMPUTE_COLOUR, palette.SEGMENT_BACKWARD_COLOUR):  # far from every category's colour
+    for mark in marks:  # far from every category's colour
         for category, colour in palette.CATEGORY_COLOURS.items():
             distance = sum((a - b) ** 2 for a, b in zip(_rgb(mark), _rgb(colour))) ** 0.5
             assert distance > 80, (mark, category)

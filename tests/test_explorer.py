@@ -204,6 +204,31 @@ def test_the_page_holds_the_bench_numbers_to_the_byte(tiny_bench):
         assert [d[0] for d in line["customdata"]] == [r["plan"] for r in plans]  # each point's plan on hover
 
 
+def test_the_casts_of_a_mixed_precision_step_are_marked_in_the_palette_s_colour(tiny_bench):
+    """A bf16 step's Cast events (autocast's copies, gradients cast back) are diamonds on the total, with a
+    legend entry; a float32 step has no such trace. Which events are casts is read from bench.json's events."""
+    from tinygrad_ckpt.bench import explorer, palette
+
+    out, results = tiny_bench
+    data, _ = embedded(out / "report.html")
+    sections = {s["id"]: s for s in data["timelines"]}
+    for workload in ("W1", "W2"):
+        steps = results["timelines"][workload]["strategies"]
+        figures = sections[f"timeline-{workload.lower()}"]["steps"]
+        for strategy in ("bf16 autocast", "fp16 autocast, loss scaled"):
+            events = steps[strategy]["events"]
+            casts = [i for i, e in enumerate(events) if e["op"] == "Cast"]
+            assert len(casts) > 4 and any(events[i]["kind"] == "backward" for i in casts)  # copies and casts back
+            traces = figures[strategy]["figure"]["data"]
+            (marks,) = [t for t in traces if t["name"] == explorer.CASTS]
+            assert marks["x"] == casts and marks["mode"] == "markers"
+            assert marks["marker"]["color"] == palette.CAST_COLOUR and marks.get("showlegend", True)
+            assert [y * MIB for y in marks["y"]] == [sum(events[i][c] for c in CATEGORIES) for i in casts]  # on the total
+            assert traces[-1]["name"] == "total"  # still the last trace: the overlay's total
+        assert all(t["name"] != explorer.CASTS for t in figures["none"]["figure"]["data"])  # float32: no casts
+    assert "mark its Cast events" in _howto(out / "report.html")
+
+
 def test_the_page_loads_nothing_from_outside_and_stays_small(tiny_bench):
     from plotly.offline import get_plotlyjs
 

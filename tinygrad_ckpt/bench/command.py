@@ -32,7 +32,7 @@ from .report import write_json, write_text
 DESCRIPTION = """Measure checkpointing and accumulation strategies side by side on the reference
 workloads (W1 deep MLP, W2 GPT stack, W3 accumulation): peak memory by category,
 saved activations measured beside the analytic count, step time relative to no
-checkpointing. Prints Markdown tables; writes bench.json, bench.md, PNG plots and
+checkpointing; the plain step also in mixed precision (bf16, fp16). Prints Markdown tables; writes bench.json, bench.md, PNG plots and
 report.html, an interactive page of every byte of one step (opens from disk).
 
   tinygrad-ckpt bench --quick      the smaller set

@@ -6,7 +6,10 @@
 
 For each workload and strategy the page holds a stacked timeline of one
 training step by memory category (memory.py's events), with the forward,
-backward, recompute and update phases shaded behind it; hovering shows the
+backward, recompute and update phases shaded behind it, and in a
+mixed-precision step each Cast event (autocast's copies of an op's inputs
+in the op's dtype, and the gradients cast back) marked on the total
+(palette.CAST_COLOUR, its own legend entry); hovering shows the
 event (op, its record, shapes, bytes allocated and freed by category, the
 live total); a control overlays a second strategy's total on the same axes;
 and the tape listing of the step is linked to the timeline both ways:
@@ -61,11 +64,12 @@ except ImportError as e:  # the optional `report` extra
 from .. import memory, serialization
 from ..memory import Timeline, format_bytes
 from ..train import TrainerCallback
-from .palette import CATEGORY_COLOURS, PHASES, STACK, STYLES
+from .palette import CAST_COLOUR, CATEGORY_COLOURS, PHASES, STACK, STYLES
 from .report import write_text
 
 MIB = 2**20
 MAX_DRAWN = 1500  # points drawn per stacked category; the hover keeps every event
+CASTS = "Cast: autocast's copies"  # the legend's name of the cast marks (a mixed-precision step's)
 
 
 # -- the pages ----------------------------------------------------------------------------
@@ -220,6 +224,11 @@ def _step_view(timeline, strategy, table_peak=None):
     traces = [go.Scatter(x=drawn, y=[events[i][c] / MIB for i in drawn], name=c, mode="lines", stackgroup="memory",
                          line=dict(width=0, shape="hv", color=CATEGORY_COLOURS[c]), fillcolor=CATEGORY_COLOURS[c], hoverinfo="skip")
               for c in STACK]
+    casts = [i for i, e in enumerate(events) if e["op"] == "Cast"]  # autocast's: a copy made, or a gradient cast back
+    if casts:  # marked on the total, under its line, which stays the last trace (the glue's overlay takes it)
+        traces.append(go.Scatter(x=casts, y=[totals[i] / MIB for i in casts], name=CASTS, mode="markers",
+                                 marker=dict(color=CAST_COLOUR, size=7, symbol="diamond", line=dict(width=0.5, color="#222222")),
+                                 hoverinfo="skip"))
     traces.append(go.Scatter(
         x=list(range(n)), y=[t / MIB for t in totals], name="total", mode="lines",
         line=dict(width=1.2, shape="hv", color="#222222"), text=[_hover(events, i, n, totals, records) for i in range(n)],
@@ -450,6 +459,7 @@ def _page(title, intro, sections, charts, tables, results, bench=False):
     """The whole page. bench: the bench's page (its tables hold each step's peak, memory.py's)."""
     data = {"timelines": [d for _, d in sections], "charts": charts, "results": results}
     overlay = any(len(d["strategies"]) > 1 for _, d in sections)  # a 'compare with' control is on the page
+    casts = any(t["name"] == CASTS for _, d in sections for step in d["steps"].values() for t in step["figure"]["data"])
     peaks = ("The marked peak is the most live bytes after an event. memory.py's own peak, the tables' "
              "<em>peak MiB</em>, can be higher: it also sees the moment inside an op when its result exists and "
              "what it frees is not yet freed; the mark then gives both." if bench else
@@ -470,7 +480,11 @@ def _page(title, intro, sections, charts, tables, results, bench=False):
         f"<p>Each chart is one training step, event by event: {legend}stacked, live bytes after each event "
         "as memory.py counts them (each buffer once). Bands behind it: the forward, the backward, a checkpointed "
         "segment's recompute, and the update (accumulation, the optimizer step). Hover to see an event: the op, its "
-        "record on the tape, its shapes, the bytes it allocated and freed by category, and the live total.</p>",
+        "record on the tape, its shapes, the bytes it allocated and freed by category, and the live total."
+        + (f" In a mixed-precision step (autocast) the <span class='swatch' style='background:{CAST_COLOUR}'></span>"
+           "diamonds on the total mark its Cast events: in the forward a copy of an op's input in the dtype autocast "
+           "gives the op (16 bits for a matrix product, float32 for a LayerNorm or the loss), in the backward a "
+           "gradient cast back." if casts else "") + "</p>",
         "<p>The table beside each chart is the tape of the step: one record per op that kept something for backward. "
         "Click a record (or a point of the chart) to mark when it kept its saved arrays: from its forward to its "
         "backward (an array that another record or your code also holds lives on)."

@@ -36,6 +36,9 @@ assert set(STACK) == set(CATEGORIES), "one colour per memory category"
 # (the gradients' orange above all, since gradients grow while segments recompute).
 RECOMPUTE_COLOUR = "#2CA02C"  # green: a segment running its forward again
 SEGMENT_BACKWARD_COLOUR = "#4D4D4D"  # dark grey: the segment's own backward, on its short-lived tape
+# Autocast's casts (memory.py's "Cast" events: a 16-bit copy made for an op, a gradient cast back),
+# marked on a timeline's total, apart from every category's colour and the recompute marks.
+CAST_COLOUR = "#17BECF"  # cyan
 
 # One colour and marker per strategy; others get the plotting library's own.
 STYLES = {"none": ("#1f77b4", "o"), "every layer": ("#ff7f0e", "^"), "sqrt(n)": ("#2ca02c", "D"),

@@ -84,7 +84,8 @@ def peak_memory(results):
     """
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), squeeze=False)
     for col, (workload, xlabel) in enumerate((("W1", "depth (layers)"), ("W2", "blocks"))):
-        rows = [r for r in results["rows"] if r["workload"] == workload and not r.get("infeasible")]
+        rows = [r for r in results["rows"] if r["workload"] == workload and not r.get("infeasible")
+                and not r.get("precision")]  # mixed precision: one size only, in its table and the timelines
         strategies = list(dict.fromkeys(r["strategy"] for r in rows))
         drawn = ({}, {})  # per panel: strategy -> its points, to find lines that coincide
         for k, strategy in enumerate(strategies):

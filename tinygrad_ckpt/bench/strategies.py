@@ -32,6 +32,19 @@ A strategy that cannot save anything at a size says so in its row: sqrt(n)
 segments on 2 blocks round to one segment, the whole stack, recomputed at
 once in backward.
 
+Mixed precision: at the size of W1 and of W2 whose timelines are drawn
+(BenchConfig.timeline_*, so the explorer page shows them), beside the
+plain float32 step ("none"), the same step as TrainingArguments(bf16=True)
+and fp16=True run it: the forward and the loss under autocast
+(autocast.py; its casts are Cast records on the tape, their copies counted
+by memory.py), float32 parameters, gradients and AdamW state, and for
+float16 the loss scaled by a GradScaler (grad_scaler.py), the gradients
+unscaled before the step, a step with inf or NaN skipped. These rows have
+no analytic count (activations.py counts float32). On NumPy they are
+slower than float32, not faster: it has no 16-bit BLAS, so each 16-bit
+matrix product runs in float32 and is rounded (ops/matmul.py), and the
+casts are work of their own.
+
 `collect(config, progress)` measures a set and returns every figure;
 `render(results)` makes the Markdown tables of them.
 
@@ -48,9 +61,10 @@ from dataclasses import dataclass
 
 import numpy
 
-from .. import activations, backend, memory, optim, policies
+from .. import activations, autocast, backend, memory, optim, policies
 from .. import functional as F
 from ..accumulate import GradientAccumulator
+from ..grad_scaler import GradScaler
 from ..ops.flops import op_flops
 from ..schedules import measure_layers, minimum_budget, plan_checkpoints, predict, segment_bounds
 from ..tensor import Tensor
@@ -95,6 +109,8 @@ LEARNING_RATE = 1e-4  # small: the step is measured, the model need not learn
 HF_GUIDE = "transformers v4.47.1, perf_train_gpu_one"
 HF_GUIDE_URL = "https://huggingface.co/docs/transformers/v4.47.1/perf_train_gpu_one"
 F32 = 4
+# The mixed-precision rows (at the timelines' sizes), by their names in the tables; float32's is "none".
+PRECISION_ROWS = {"bfloat16": "bf16 autocast", "float16": "fp16 autocast, loss scaled"}
 
 
 # -- one training step per strategy --------------------------------------------------
@@ -123,18 +139,47 @@ def gpt_embed(model, idx):
     return model.drop(model.wte(idx) + model.wpe(pos))
 
 
-def _timed(forward_backward, optimizer):
+def _timed(forward_backward, optimizer, scaler=None):
     """Run one training step: (forward + backward seconds, step seconds, step CPU seconds).
 
     CPU seconds (all threads of this process) count work done, not waiting
     for a busy CPU, so on a shared machine they are the steadier figure.
+    scaler: float16's GradScaler; it unscales, steps unless a gradient
+    overflowed, and updates its scale, as the Trainer does.
     """
     start, cpu = time.perf_counter(), time.process_time()
     forward_backward()
     middle = time.perf_counter()
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
     optimizer.zero_grad()
     return middle - start, time.perf_counter() - start, time.process_time() - cpu
+
+
+def mixed_precision_step(loss, optimizer, dtype):
+    """(step, scaler): one training step as TrainingArguments(bf16=True) / fp16=True runs it.
+
+    loss(): the float32 model's loss, run under autocast(dtype); float16
+    scales it before backward (GradScaler), unscales the gradients after,
+    and skips a step whose gradients overflowed (the scaler then halves its
+    scale); bfloat16's scaler is a pass-through.
+    """
+    scaler = GradScaler(enabled=dtype == "float16")
+
+    def forward_backward():
+        with autocast.autocast(dtype):
+            value = loss()  # float32: the loss is on the policy's float32 list
+        scaler.scale(value).backward()
+        scaler.unscale_(optimizer)  # once, after backward, as the Trainer does before clipping
+
+    def step():
+        with numpy.errstate(over="ignore", invalid="ignore"):  # an overflow is the scaler's to handle
+            return _timed(forward_backward, optimizer, scaler)
+
+    return step, scaler
 
 
 def measure_memory(step, policy=None):
@@ -286,7 +331,22 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
                            "once in backward, so it saves nothing")
         rows.append(row)
         timed.append((row, lambda s=segments, p=policy, h=split: checkpointing(model, s, p, h), step))
+    scalers = []
+    timeline_size = config.timeline_w1_depth if workload == "W1" else config.timeline_w2_blocks
+    for dtype in PRECISION_ROWS if size == timeline_size else ():
+        row = {"workload": workload, "size": size, "strategy": PRECISION_ROWS[dtype], "precision": dtype,
+               "predicted_activation_bytes": None}  # activations.py counts float32 only
+        progress(f"{workload} size {size}, {row['strategy']}: memory")
+        checkpointing(model, None, None)
+        precise, scaler = mixed_precision_step(loss, optimizer, dtype)
+        row.update(measure_memory(precise))
+        rows.append(row)
+        scalers.append((row, scaler))
+        timed.append((row, lambda: checkpointing(model, None, None), precise))
     time_in_turn(timed, config.repeats, progress, f"{workload} size {size}")
+    for row, scaler in scalers:
+        if scaler.enabled:  # the scale after the timed steps: below 2**16 if a step overflowed (and was skipped)
+            row["loss_scale"] = scaler.get_scale()
     checkpointing(model, None, None)
     return rows
 
@@ -458,6 +518,42 @@ def _recomputed(row):
     return share
 
 
+def precision_table(rows):
+    """The mixed-precision rows beside float32's plain step ("none") at the same size; None if there are none.
+
+    Seconds here are absolute (the run's machine is in the header), beside
+    the ratios: what a step costs on this machine in each precision.
+    """
+    lines = []
+    for r in rows:
+        if not r.get("precision"):
+            continue
+        base = next(b for b in rows if (b["workload"], b["size"], b["strategy"]) == (r["workload"], r["size"], "none"))
+        if not lines or lines[-1][:2] != [r["workload"], str(r["size"])]:
+            lines.append(_precision_cells(base, base, "float32"))
+        lines.append(_precision_cells(r, base, r["precision"]))
+    if not lines:
+        return None
+    head = ["workload", "size", "precision", "act peak MiB", "act × float32", "peak MiB", "params", "grads", "optim",
+            "act", "other", "step s", "step ×", "cpu ×"]
+    return "\n".join(["### Mixed precision: the plain step in float32, and under autocast (bf16=True, fp16=True)", "",
+                      "Parameters, gradients and AdamW's state stay float32; saved activations hold the 16-bit "
+                      "copies autocast makes (Cast records), the weights' among them. fp16: the loss scaled by a "
+                      "GradScaler (final loss scale in brackets where a step overflowed). step s: median wall "
+                      "seconds of a step. On NumPy 16 bits are slower, not faster: no 16-bit BLAS, so each 16-bit "
+                      "matrix product runs in float32 and is rounded, and the casts are work of their own.", ""]
+                     + markdown_table(head, lines))
+
+
+def _precision_cells(r, base, precision):
+    scale = f" (loss scale {r['loss_scale']:g})" if r.get("loss_scale", 2.0**16) != 2.0**16 else ""
+    return [r["workload"], str(r["size"]), precision + scale, mib(r["activation_peak_bytes"], 2),
+            f"{r['activation_peak_bytes'] / base['activation_peak_bytes']:.2f}", mib(r["peak_bytes"]),
+            *[mib(r["peak_by_category"][c]) for c in ("parameters", "gradients", "optimizer", "activations", "other")],
+            f"{r['step_seconds']:.3g}" if r.get("step_seconds") else "—", _ratio(r, base),
+            _ratio(r, base, "step_cpu_seconds")]
+
+
 def summary(results):
     """The summary table: when accumulation and checkpointing are needed, with measured figures.
 
@@ -486,7 +582,7 @@ def summary(results):
         size = max(r["size"] for r in rows)
         base = next(r for r in rows if r["size"] == size and r["strategy"] == "none")
         for r in rows:
-            if r["size"] != size or r["strategy"] == "none":
+            if r["size"] != size or r["strategy"] == "none" or r.get("precision"):
                 continue
             lines.append([
                 f"checkpointing {r['strategy']}, {workload} {size} {label}" + (f" ({r['note']})" if r.get("note") else ""),
@@ -543,6 +639,9 @@ def render(results):
                          (c["w2"]["n_embd"], c["w2"]["n_head"], c["w2"]["seq"], c["w2"]["batch"]))
         baselines = {r["size"]: r for r in wrows if r["strategy"] == "none"}
         out += [table(wrows, title, size_name, baselines), ""]
+    precision = precision_table(rows)
+    if precision:
+        out += [precision, ""]
     for curve in results["tradeoff"]:
         baselines = {curve["size"]: curve["baseline"]}
         out += [table(curve["rows"], f"Trade-off: budget plans, {curve['workload']} size {curve['size']}",
@@ -562,7 +661,7 @@ def count_rows(config):
     extra = len([f for f in config.tradeoff_fractions if f not in config.budgets])
     w1 = len(config.sizes.w1_depths) * (3 + len(config.budgets)) + extra
     w2 = len(config.sizes.w2_blocks) * (5 + len(config.budgets)) + extra
-    return w1 + w2 + len(config.sizes.w3.splits)
+    return w1 + w2 + len(config.sizes.w3.splits) + 2 * len(PRECISION_ROWS)
 
 
 def collect(config, progress):
