@@ -533,11 +533,7 @@ def empty_like(a, dtype=None):
     return ndarray(a.shape, a.dtype if dtype is None else dtype)
 
 
-zeros_like = ones_like = empty_like
-
-
-def full_like(a, fill_value, dtype=None):
-    return empty_like(a, dtype)
+zeros_like = empty_like
 
 
 def arange(start, stop=None, step=1, dtype=None):
@@ -546,15 +542,8 @@ def arange(start, stop=None, step=1, dtype=None):
     return ndarray((n,), dtype if dtype is not None else numpy.result_type(start, stop, step))
 
 
-def eye(n, m=None, k=0, dtype=float):
-    return ndarray((n, n if m is None else m), dtype)
-
-
-def tril(m, k=0):
+def triu(m, k=0):
     return ndarray(m.shape, m.dtype)
-
-
-triu = tril
 
 
 _stand_ins = {}  # id(host array) -> its meta array, while the host array lives (standing in for the CPU)
@@ -583,16 +572,6 @@ def has_stand_in(host):
     return id(host) in _stand_ins
 
 
-def array(obj, dtype=None, copy=True):
-    if isinstance(obj, ndarray):
-        return obj.astype(obj.dtype if dtype is None else dtype, copy=copy)
-    return asarray(obj, dtype)
-
-
-def asnumpy(a):
-    return a.get() if isinstance(a, ndarray) else numpy.asarray(a)
-
-
 # -- elementwise -------------------------------------------------------------------------
 def _one_input(ufunc):
     def function(x, out=None):
@@ -612,12 +591,8 @@ def _two_inputs(ufunc):
 
 exp, log, log1p, tanh, sqrt, sign = map(_one_input, (numpy.exp, numpy.log, numpy.log1p, numpy.tanh, numpy.sqrt,
                                                      numpy.sign))
-abs, isfinite, isnan, negative = map(_one_input, (numpy.absolute, numpy.isfinite, numpy.isnan, numpy.negative))  # noqa: A001
-multiply, maximum, minimum = map(_two_inputs, (numpy.multiply, numpy.maximum, numpy.minimum))
-
-
-def clip(a, a_min, a_max):
-    return _ufunc(numpy.clip, a, a_min, a_max)
+abs, isfinite, isnan = map(_one_input, (numpy.absolute, numpy.isfinite, numpy.isnan))  # noqa: A001
+maximum = _two_inputs(numpy.maximum)
 
 
 def where(condition, a, b):
@@ -699,40 +674,8 @@ def einsum(subscripts, *operands):
 
 
 # -- shapes -------------------------------------------------------------------------------
-def sum(a, axis=None, dtype=None, keepdims=False):  # noqa: A001
-    return a.sum(axis=axis, dtype=dtype, keepdims=keepdims)
-
-
-def mean(a, axis=None, dtype=None, keepdims=False):
-    return a.mean(axis=axis, dtype=dtype, keepdims=keepdims)
-
-
-def max(a, axis=None, keepdims=False):  # noqa: A001
-    return a.max(axis=axis, keepdims=keepdims)
-
-
-def argmax(a, axis=None):
-    return a.argmax(axis=axis)
-
-
-def reshape(a, shape):
-    return a.reshape(shape)
-
-
-def transpose(a, axes=None):
-    return a.transpose(axes)
-
-
-def swapaxes(a, axis1, axis2):
-    return a.swapaxes(axis1, axis2)
-
-
 def broadcast_to(a, shape):
     return a._view(numpy.broadcast_to(a._layout(), shape))
-
-
-def expand_dims(a, axis):
-    return a._view(numpy.expand_dims(a._layout(), axis))
 
 
 def concatenate(arrays, axis=0):
@@ -759,19 +702,6 @@ class _StrideTricks:
 
 class lib:  # noqa: N801 (numpy.lib's name)
     stride_tricks = _StrideTricks
-
-
-def get_default_memory_pool():
-    """CuPy's pool, as far as the meta device has one: its live bytes."""
-    return _Pool()
-
-
-class _Pool:
-    def used_bytes(self):
-        return count.live
-
-    def free_all_blocks(self):
-        pass
 
 
 backend.set_device_module("meta", sys.modules[__name__])
