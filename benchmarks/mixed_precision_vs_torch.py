@@ -125,25 +125,28 @@ def main():
         rows.append((precision, saved))
         print(f"  measured {precision}", flush=True)
 
-    print("\nSaved for backward at the end of the forward, MiB (x: over ours):")
+    print("\nSaved for backward at the end of the forward, bytes (x: over ours):")
     print("| precision | ours | torch cpu | torch, cuda lists |")
     print("|---|---|---|---|")
     for precision, saved in rows:
         o = saved["ours"]
-        cells = [f"{saved[k] / MIB:.2f} ({saved[k] / o:.3f}x)" for k in ("torch cpu", "torch, cuda lists")]
-        print(f"| {precision} | {o / MIB:.2f} | {' | '.join(cells)} |")
+        cells = [f"{saved[k]:,} ({saved[k] / o:.3f}x)" for k in ("torch cpu", "torch, cuda lists")]
+        print(f"| {precision} | {o:,} ({o / MIB:.2f} MiB) | {' | '.join(cells)} |")
 
     B, T, nh, L = SIZE.batch, SIZE.seq, SIZE.n_head, SIZE.n_layer
     probs = L * B * nh * T * T  # the softmax outputs' elements, all blocks
     print(f"\nThe attention probabilities, (B, nh, T, T) per block: {probs:,} elements in all "
           f"({probs * 2 / MIB:.2f} MiB in 16 bits, {probs * 4 / MIB:.2f} MiB in float32).")
+    base = rows[0][1]["ours"] - rows[0][1]["torch cpu"]  # what ours saves beyond torch without autocast
+    print(f"float32: ours saves {base:,} bytes more than torch: small arrays of ours, in every precision (the "
+          "position embedding's index array and cross-entropy's mask of the targets that count, 1,024 bytes each "
+          "at this size, are among them).")
     for precision, saved in rows[1:]:
         extra, cuda = saved["ours"] - saved["torch cpu"], saved["ours"] - saved["torch, cuda lists"]
-        print(f"{precision}: ours saves {extra / MIB:.2f} MiB more than torch cpu, {4 * probs / MIB:.2f} MiB expected "
-              f"({'equal' if extra == 4 * probs else 'NOT equal'}): 4 bytes per probability more, since ours keeps "
-              "softmax's float32 output (4 bytes) and the 16-bit copy the next matmul saves (2), torch cpu one "
-              f"16-bit output that softmax and the matmul share (2); with softmax in float32: {cuda / MIB:.2f} MiB "
-              f"more ({'equal' if cuda == 0 else 'NOT equal'}).")
+        print(f"{precision}: ours saves {extra:,} bytes more than torch cpu: {4 * probs:,} are 4 bytes per "
+              "probability (ours keeps softmax's float32 output, 4 bytes, and the 16-bit copy the next matmul saves, "
+              "2; torch cpu one 16-bit output that softmax and the matmul share, 2), and "
+              f"{extra - 4 * probs:,} the small arrays. With softmax in float32 (the cuda lists): {cuda:,} bytes more.")
     print("\nlayer_norm differs in the op table but not here: its input is the float32 residual stream in both "
           "libraries (a float32 input plus a 16-bit one is float32), so it runs in float32 on either list. "
           "mean differs too, but this model takes no mean of its own (the loss is cross-entropy's, float32 in both).")
