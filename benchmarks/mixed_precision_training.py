@@ -9,7 +9,7 @@ float32's against MARGIN, its wall-clock and CPU time, and the float16 run's
 loss scale as the Trainer's log history records it (a "skipped" entry for
 each step whose scaled gradients overflowed, the scale on every logged step).
 
-    python benchmarks/mixed_precision_training.py              # the full 500 steps (about 9 minutes on 2 cores)
+    python benchmarks/mixed_precision_training.py              # the full 500 steps (30 minutes on 2 busy cores)
     python benchmarks/mixed_precision_training.py --max-steps 50
 
 NumPy has no 16-bit matrix product of its own speed (float16 and ml_dtypes'
