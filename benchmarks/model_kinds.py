@@ -17,9 +17,12 @@ Trainer step (AdamW) per strategy, with memory.py's count:
   = meta      the same step on the meta device (fit.estimate_step, device="cpu")
               gives the same two figures to the byte (the CNN cannot run there:
               see the note at the end);
-  time, x     the median wall-clock of a Trainer step (REPEATS of them after a
-              warm-up, in rounds over the strategies, so that a load that
-              drifts slows them alike) and its ratio to no checkpointing;
+  wall s, cpu s  the median wall-clock and CPU time (time.process_time(), which
+              other programs on a busy machine do not inflate) of a Trainer
+              step, REPEATS of them after a warm-up, in rounds over the
+              strategies, so that a load that drifts slows them alike;
+  cpu x, paired  the ratio of the CPU medians to no checkpointing's, and the
+              median of the ratios within a round;
   FLOPs x     1 + the FLOPs the recompute ran / (3 x the forward's FLOPs), the
               measure fit uses (ops/flops.py; a step is about three forwards).
 
@@ -199,7 +202,7 @@ def meta_forward_flops(size, batch):
 
 
 def times(size, batch):
-    """{strategy: [seconds of each timed step]}: one Trainer per strategy, stepped in rounds."""
+    """{strategy: [(wall-clock s, CPU s) of each timed step]}: one Trainer per strategy, stepped in rounds."""
     trainers = {s: Trainer(size.make(None), TrainingArguments(**arguments(s, batch)), dataset(size, batch),
                            data_collator=stack, compute_loss_func=size.loss) for s in STRATEGIES}
     seconds = {s: [] for s in STRATEGIES}
@@ -207,9 +210,9 @@ def times(size, batch):
         trainer.train()
     for _ in range(REPEATS):
         for s, trainer in trainers.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             trainer.train()
-            seconds[s].append(time.perf_counter() - start)
+            seconds[s].append((time.perf_counter() - start, time.process_time() - start_cpu))
     return seconds
 
 
@@ -218,20 +221,21 @@ def part1():
     print(f"Part 1: one Trainer step (AdamW) on real arrays; time: median of {REPEATS} steps after a warm-up, "
           f"BLAS {THREADS} thread(s); MiB = 2^20 bytes")
     print(f"{'kind':<8} {'size':<22} {'batch':>5} {'strategy':<6} {'saved act.':>10} {'peak':>9} {'= meta':>6} "
-          f"{'time s':>7} {'x':>5} {'paired':>6} {'FLOPs x':>7}")
+          f"{'wall s':>7} {'cpu s':>7} {'cpu x':>5} {'paired':>6} {'FLOPs x':>7}")
     for size in MEASURED:
         rows = {s: real_step(size, s, size.batch) for s in STRATEGIES}
         seconds = times(size, size.batch)
+        cpu_none = statistics.median(c for _, c in seconds["none"])
         for s, (peak, activations, ratio) in rows.items():
             same = "-"
             if size.kind != "CNN":
                 m = meta_step(size, s, size.batch, device="cpu")
                 same = "yes" if (m.peak_bytes, m.highest["activations"]) == (peak, activations) else "NO"
-            median = statistics.median(seconds[s])
-            paired = statistics.median(t / t0 for t, t0 in zip(seconds[s], seconds["none"]))
+            wall, cpu = (statistics.median(t[i] for t in seconds[s]) for i in (0, 1))
+            paired = statistics.median(c / c0 for (_, c), (_, c0) in zip(seconds[s], seconds["none"]))
             print(f"{size.kind:<8} {size.label:<22} {size.batch:>5} {s:<6} {activations / MIB:10.2f} "
-                  f"{peak / MIB:9.2f} {same:>6} {median:7.3f} {median / statistics.median(seconds['none']):5.2f} "
-                  f"{paired:6.2f} {ratio:7.2f}")
+                  f"{peak / MIB:9.2f} {same:>6} {wall:7.3f} {cpu:7.3f} {cpu / cpu_none:5.2f} {paired:6.2f} "
+                  f"{ratio:7.2f}", flush=True)
 
 
 class Recorder(memory.MemoryTracker):
