@@ -37,7 +37,7 @@ full size runs on real arrays at micro-batches 1, 2 and 3 instead (slow:
 about a minute), and its largest micro-batch comes from the same affine fit,
 checked at 3.
 
-    python benchmarks/model_kinds.py            # about ten minutes on 2 busy cores
+    python benchmarks/model_kinds.py            # 12 minutes on 2 cores at load average 6 (2026-12-02)
 
 BLAS runs on THREADS threads (set before NumPy loads).
 """
