@@ -15,8 +15,7 @@ Trainer step (AdamW) per strategy, with memory.py's count:
   saved act.  the highest the saved activations reach during the step;
   peak        the step's peak (every category), less what lived before the model;
   = meta      the same step on the meta device (fit.estimate_step, device="cpu")
-              gives the same two figures to the byte (the CNN cannot run there:
-              see the note at the end);
+              gives the same two figures to the byte;
   wall s, cpu s  the median wall-clock and CPU time (time.process_time(), which
               other programs on a busy machine do not inflate) of a Trainer
               step, REPEATS of them after a warm-up, in rounds over the
@@ -32,10 +31,7 @@ Part 2, full sizes on the meta device (a CNN at 224 x 224, an LSTM over
 largest micro-batch whose memory.py peak fits BUDGET (a V100 16 GB as CUDA
 reports it, less fit's 0.5 GiB for the CUDA context), from the step run at
 micro-batches 1, 2 and 3 (fit.StepProfile: every array is a + b x batch
-bytes; the largest is then run, and the next one, to check). The CNN's
-full size runs on real arrays at micro-batches 1, 2 and 3 instead (slow:
-about a minute), and its largest micro-batch comes from the same affine fit,
-checked at 3.
+bytes; the largest is then run, and the next one, to check).
 
     python benchmarks/model_kinds.py            # 12 minutes on 2 cores at load average 6 (2026-12-02)
 
@@ -137,7 +133,7 @@ MEASURED = [  # part 1: real arrays, seconds a step
     gpt("4 x 64, T 64", GPTConfig(block_size=64, vocab_size=96, n_layer=4, n_head=4, n_embd=64, dropout=0.1), 64, 8),
     gpt("8 x 256, T 128", GPTConfig(block_size=128, vocab_size=256, n_layer=8, n_head=4, n_embd=256, dropout=0.1), 128, 8),
 ]
-FULL = [  # part 2: the meta device (the CNN: real arrays, micro-batches 1 to 3)
+FULL = [  # part 2: the meta device
     cnn("224x224, widths 64-512", CNNConfig(image_size=224, widths=(64, 128, 256, 512)), None),
     lstm("H 1024 x 2, T 1024", LSTMConfig(n_embd=256, hidden_size=1024, num_layers=2), 1024, None),
     encoder("BERT-base size, T 512", EncoderConfig(block_size=512, vocab_size=30522, num_classes=2, n_layer=12,
@@ -227,52 +223,13 @@ def part1():
         seconds = times(size, size.batch)
         cpu_none = statistics.median(c for _, c in seconds["none"])
         for s, (peak, activations, ratio) in rows.items():
-            same = "-"
-            if size.kind != "CNN":
-                m = meta_step(size, s, size.batch, device="cpu")
-                same = "yes" if (m.peak_bytes, m.highest["activations"]) == (peak, activations) else "NO"
+            m = meta_step(size, s, size.batch, device="cpu")
+            same = "yes" if (m.peak_bytes, m.highest["activations"]) == (peak, activations) else "NO"
             wall, cpu = (statistics.median(t[i] for t in seconds[s]) for i in (0, 1))
             paired = statistics.median(c / c0 for (_, c), (_, c0) in zip(seconds[s], seconds["none"]))
             print(f"{size.kind:<8} {size.label:<22} {size.batch:>5} {s:<6} {activations / MIB:10.2f} "
                   f"{peak / MIB:9.2f} {same:>6} {wall:7.3f} {cpu:7.3f} {cpu / cpu_none:5.2f} {paired:6.2f} "
                   f"{ratio:7.2f}", flush=True)
-
-
-class Recorder(memory.MemoryTracker):
-    """memory.py's tracker, keeping the bytes by category at every check from the step's start on
-    (fit.estimate_step keeps the same on the meta device), so that fit.StepProfile can take a real step."""
-
-    points = None
-
-    def reset_peak(self):  # the Trainer's, as its step begins
-        super().reset_peak()
-        self.start = dict(self.current)
-        self.points = [[self.current[c]] for c in memory.CATEGORIES]
-
-    def _update_peak(self):
-        super()._update_peak()
-        if self.points is not None:
-            for column, c in zip(self.points, memory.CATEGORIES):
-                column.append(self.current[c])
-
-
-def recorded_real_step(size, strategy, batch):
-    """A fresh model's Trainer step on real arrays, counted by a Recorder from the model's making: a StepMemory."""
-    gc.collect()
-    previous, memory.tracker = memory.tracker, Recorder()
-    try:
-        trainer = Trainer(size.make(None), TrainingArguments(**arguments(strategy, batch)), dataset(size, batch),
-                          data_collator=stack, compute_loss_func=size.loss)
-        with memory.timeline() as events:
-            trainer.train()
-        recorder = memory.tracker
-    finally:
-        memory.tracker = previous
-    forward, recomputed = flops(events)
-    totals = [sum(column) for column in zip(*recorder.points)]
-    highest = {c: max(column) for c, column in zip(memory.CATEGORIES, recorder.points)}
-    return fit.StepMemory(recorder.peak_total, dict(recorder.peak), highest, recorder.start, recorder.peak_total,
-                          0, recomputed, recorder.points, totals), forward
 
 
 def profile(steps):
@@ -287,24 +244,16 @@ def part2():
           f"{'largest':>7}  checked")
     for size in FULL:
         for s in STRATEGIES:
-            if size.kind == "CNN":  # real arrays: the meta device has no convolution (see the note)
-                ran = {b: recorded_real_step(size, s, b) for b in (1, 2, 3)}
-                steps, forward = {b: step for b, (step, _) in ran.items()}, ran[3][1] / 3  # forward of one example
-                params = sum(p.data.size for p in size.make(None).parameters())
-                # the check: the profile from micro-batches 1 and 2 gives 3's peak
-                predicted = fit.StepProfile(steps[1], steps[2]).at(3).peak_bytes
-                checked = f"real, 1 to 3; 3 from 1 and 2: {'exact' if predicted == steps[3].peak_bytes else 'OFF'}"
-            else:
-                steps = {b: meta_step(size, s, b) for b in (1, 2, 3)}
-                forward = meta_forward_flops(size, 1)
-                params = sum(p.data.size for p in size.make("meta").parameters())
+            steps = {b: meta_step(size, s, b) for b in (1, 2, 3)}
+            forward = meta_forward_flops(size, 1)
+            params = sum(p.data.size for p in size.make("meta").parameters())
             p = profile(steps)
             ref = p.at(REFERENCE_BATCH)
             most = p.largest_batch(BUDGET, device=False)
-            if size.kind != "CNN":  # run the largest, and the next size: it fits, the next does not
-                fits = meta_step(size, s, most).peak_bytes <= BUDGET if most else True
-                over = meta_step(size, s, most + 1).peak_bytes > BUDGET
-                checked = f"meta; {most} and {most + 1} run: {'as predicted' if fits and over else 'NOT as predicted'}"
+            # run the largest, and the next size: it fits, the next does not
+            fits = meta_step(size, s, most).peak_bytes <= BUDGET if most else True
+            over = meta_step(size, s, most + 1).peak_bytes > BUDGET
+            checked = f"meta; {most} and {most + 1} run: {'as predicted' if fits and over else 'NOT as predicted'}"
             ratio = 1 + ref.recomputed_flops / (3 * forward * REFERENCE_BATCH)
             print(f"{size.kind:<8} {size.label:<24} {s:<6} {params / 1e6:7.1f}M {ref.highest['activations'] / GIB:10.2f} "
                   f"{ref.peak_bytes / GIB:7.2f} {ratio:7.2f} {most:>7}  {checked}", flush=True)
@@ -314,8 +263,6 @@ def main():
     print(f"{os.cpu_count()} CPUs, load average at the start {os.getloadavg()[0]:.1f}")
     part1()
     part2()
-    print("\nnote: the CNN cannot run on the meta device: conv2d's windows() calls xp.lib.stride_tricks.as_strided, "
-          "which meta.py does not provide")
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
