@@ -370,6 +370,7 @@ def test_the_trainers_scaler_skips_exactly_the_steps_whose_scaled_gradients_over
     args = TrainingArguments(per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=12,
                              logging_steps=1, disable_tqdm=True, fp16=True, learning_rate=1e-2)
     trainer = Trainer(small_gpt(n_embd=16), args, char_data(n=64), callbacks=[Record()])
+    trainer.scaler = GradScaler()  # PyTorch's starting scale, too high for a summed loss: overflows on purpose
     compute_loss = trainer.compute_loss
 
     def recorded(batch):
@@ -529,3 +530,20 @@ def test_autocast_on_the_gpu_path_makes_no_numpy_call(dtype):
         assert {p.grad.dtype for p in model.parameters()} == {numpy.dtype(numpy.float32)}
     finally:
         backend.set_cuda_module(previous_module)
+
+
+def test_a_fresh_fp16_run_starts_its_scale_for_a_summed_loss():
+    """2**16 is PyTorch's start for a mean loss; the Trainer sums over a micro-batch's tokens, so it starts that many
+    times lower (a power of two): with the default, no early step is skipped where 2**16 skips several."""
+    data = char_data(n=64)
+    tokens = 8 * len(data[0]["labels"])
+    args = TrainingArguments(per_device_train_batch_size=8, max_steps=6, logging_steps=1, disable_tqdm=True, fp16=True,
+                             learning_rate=1e-2)
+    trainer = Trainer(small_gpt(n_embd=16), args, data)
+    assert trainer.scaler.get_scale() <= 2.0**16 / tokens < 2 * trainer.scaler.get_scale()
+    trainer.train()
+    assert not any("skipped" in e for e in trainer.state.log_history)
+    pytorch_start = Trainer(small_gpt(n_embd=16), args, data)
+    pytorch_start.scaler = GradScaler()
+    pytorch_start.train()
+    assert any("skipped" in e for e in pytorch_start.state.log_history)
