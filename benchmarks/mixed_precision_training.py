@@ -45,7 +45,8 @@ MARGIN = 0.05  # a 16-bit run's final validation loss may be at most this far (n
 def run(precision, max_steps, init_scale=None):
     """One default run; returns (final validation loss, wall seconds, CPU seconds, the log history).
 
-    init_scale: float16's first loss scale, if not GradScaler's default 65536 (the Trainer's scaler replaced).
+    init_scale: float16's first loss scale, if not the Trainer's (train.starting_loss_scale: 2**16 over a
+    micro-batch's tokens; the Trainer's scaler replaced).
     """
     tokenizer, train_data, val_data = load_char_datasets(None, DEFAULTS["block_size"], 0.1)
     random.manual_seed(DEFAULTS["seed"])  # as cli.py does: dropout's stream (off in the default run)
@@ -107,7 +108,8 @@ def main():
 
     for name, precision, init_scale in runs:
         if precision == "float16":
-            print(f"\n{name}: the loss scale (from the Trainer's log history; it starts at {init_scale or 65536:g}):")
+            start = "the Trainer's starting scale" if init_scale is None else f"{init_scale:g}"
+            print(f"\n{name}: the loss scale (from the Trainer's log history; it starts at {start}):")
             for step, scale, why in scale_history(results[name][3]):
                 print(f"  step {step:>4}: scale {scale:g}  ({why})")
     print(f"\nthe default bfloat16 and float16 runs both within {MARGIN} of float32's validation loss: "
