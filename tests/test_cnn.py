@@ -80,3 +80,30 @@ def test_it_learns_a_tiny_generated_data_set():
     logits, _ = model(Tensor(test_images))
     accuracy = (logits.numpy().argmax(axis=1) == test_labels).mean()
     assert accuracy >= 0.9, accuracy
+
+
+def _images(n=8, seed=0):
+    rng = numpy.random.default_rng(seed)
+    return {"x": rng.standard_normal((n, 3, 8, 8)).astype(numpy.float64), "y": rng.integers(0, 10, n)}
+
+
+def _summed_loss(model, batch):
+    import tinygrad_ckpt.functional as F
+
+    logits, _ = model(Tensor(batch["x"]))
+    return F.cross_entropy(logits, batch["y"], reduction="sum")
+
+
+@pytest.mark.equivalence
+@pytest.mark.parametrize("splits", [2, 4, [3, 3, 2]])
+def test_accumulation_equals_the_whole_batch_with_batchnorm_s_running_statistics(splits):
+    """In eval mode BatchNorm normalises by its running statistics, each image on its own: accumulated
+    micro-batches give the whole batch's gradient. In training mode it normalises each micro-batch by its
+    own statistics, so they do not (tutorial 12): the same check fails, as it must."""
+    from tinygrad_ckpt.testing import check_accumulation
+
+    model = CNN(CNNConfig(image_size=8, widths=(4, 8)), rng=numpy.random.default_rng(1), dtype=numpy.float64)
+    model.eval()
+    assert check_accumulation(model, _summed_loss, _images(), splits=splits)
+    model.train()
+    assert not check_accumulation(model, _summed_loss, _images(), splits=splits)
