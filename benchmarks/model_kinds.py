@@ -53,6 +53,7 @@ import numpy  # noqa: E402
 
 from tinygrad_ckpt import Tensor, backend, fit, memory  # noqa: E402
 from tinygrad_ckpt import functional as F  # noqa: E402
+from tinygrad_ckpt.data import stack_collate  # noqa: E402
 from tinygrad_ckpt.nn import CNN, GPT, CNNConfig, GPTConfig  # noqa: E402
 from tinygrad_ckpt.nn.encoder import Encoder, EncoderConfig  # noqa: E402
 from tinygrad_ckpt.nn.lstm import LSTMConfig, LSTMLanguageModel  # noqa: E402
@@ -156,10 +157,6 @@ def dataset(size, batch, seed=1):
              for name, (shape, dtype, high) in size.example.items()} for _ in range(batch)]
 
 
-def stack(examples):
-    return {name: numpy.stack([e[name] for e in examples]) for name in examples[0]}
-
-
 def flops(events):
     """(forward FLOPs, recomputed FLOPs) of a step's timeline."""
     count = {"forward": 0, "recompute": 0}
@@ -174,7 +171,7 @@ def real_step(size, strategy, batch):
     gc.collect()
     before = sum(memory.current().values())
     trainer = Trainer(size.make(None), TrainingArguments(**arguments(strategy, batch)), dataset(size, batch),
-                      data_collator=stack, compute_loss_func=size.loss)
+                      data_collator=stack_collate, compute_loss_func=size.loss)
     with memory.timeline() as events:
         trainer.train()
     peak = memory.peak()[0] - before
@@ -200,7 +197,7 @@ def meta_forward_flops(size, batch):
 def times(size, batch):
     """{strategy: [(wall-clock s, CPU s) of each timed step]}: one Trainer per strategy, stepped in rounds."""
     trainers = {s: Trainer(size.make(None), TrainingArguments(**arguments(s, batch)), dataset(size, batch),
-                           data_collator=stack, compute_loss_func=size.loss) for s in STRATEGIES}
+                           data_collator=stack_collate, compute_loss_func=size.loss) for s in STRATEGIES}
     seconds = {s: [] for s in STRATEGIES}
     for trainer in trainers.values():  # warm-up: AdamW's moments, NumPy's first calls
         trainer.train()

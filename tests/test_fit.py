@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import tinygrad_ckpt.functional as F
 from tinygrad_ckpt import Tensor, activations, cli, fit, memory, meta, policies, tape
+from tinygrad_ckpt.data import stack_collate
 from tinygrad_ckpt.nn import (
     CNN, GPT, MLP, CNNConfig, Encoder, EncoderConfig, GPTConfig, Linear, LSTMConfig, LSTMLanguageModel, Module,
 )
@@ -237,16 +238,12 @@ def classification_loss(model, batch):
     return F.cross_entropy(model(x), batch["y"], reduction="sum"), len(batch["y"])
 
 
-def stack(examples):
-    return {name: numpy.stack([e[name] for e in examples]) for name in examples[0]}
-
-
 def real_step(model, batch, features, args):
     """(peak, its split, each category's highest) of one Trainer step of `model` on real arrays."""
     rng = numpy.random.default_rng(2)
     data = [{"x": rng.standard_normal(features).astype(numpy.float32), "y": rng.integers(0, 10)} for _ in range(batch)]
     trainer = Trainer(model, TrainingArguments(per_device_train_batch_size=batch, max_steps=1, disable_tqdm=True,
-                                               logging_steps=0, **args), data, data_collator=stack,
+                                               logging_steps=0, **args), data, data_collator=stack_collate,
                       compute_loss_func=classification_loss)
     with every_check() as highest:
         trainer.train()
@@ -284,7 +281,7 @@ def test_any_model_s_buffers_are_all_seen(name):
         data = [{"x": rng.standard_normal(width).astype(numpy.float32), "y": rng.integers(0, 10)} for _ in range(batch)]
         trainer = Trainer(MODELS[name]("cpu", width), TrainingArguments(
             per_device_train_batch_size=batch, max_steps=1, disable_tqdm=True, logging_steps=0),
-            data, data_collator=stack, compute_loss_func=classification_loss)
+            data, data_collator=stack_collate, compute_loss_func=classification_loss)
         predicted = fit.estimate_step(MODELS[name]("meta", width),
                                       {"x": ((batch, width), "float32"), "y": ((batch,), "int64")},
                                       classification_loss, device="cpu")
@@ -329,7 +326,7 @@ def test_every_model_kind_s_meta_step_is_its_real_step_to_the_byte(kind, checkpo
     gc.collect()
     before = memory.current()
     trainer = Trainer(make("cpu"), TrainingArguments(per_device_train_batch_size=batch, max_steps=1, disable_tqdm=True,
-                                                     logging_steps=0, **args), data, data_collator=stack,
+                                                     logging_steps=0, **args), data, data_collator=stack_collate,
                       compute_loss_func=loss)
     with every_check() as highest:
         trainer.train()

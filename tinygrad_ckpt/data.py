@@ -24,6 +24,8 @@ A data set here is any sequence of examples, each a dict of integer arrays
 `input_ids` (T,) and `labels` (T,), as in Hugging Face. `labels[t]` is the
 token that should follow `input_ids[:t+1]`; a label of -100 (`IGNORE_INDEX`)
 marks a position that does not count (padding), as `cross_entropy` expects.
+`collate` pads such examples into a batch; `stack_collate` stacks examples
+of equal shapes (images, features) for other models.
 
 What does not live here: the training loop and the grouping of micro-batches
 into optimizer steps (train.py), the gradient accumulation (accumulate.py).
@@ -274,6 +276,17 @@ def epoch_order(n, seed, epoch):
     run finds the same order without saving it.
     """
     return numpy.random.default_rng([seed, epoch]).permutation(n)
+
+
+def stack_collate(examples):
+    """A list of examples -> one batch: each field of the examples stacked along a new first axis.
+
+    For examples of equal shapes that need no padding (images and their
+    labels, fixed-length features): the Trainer's data_collator for them.
+    """
+    if not examples:
+        raise ValueError("stack_collate: no examples to put in a batch")
+    return {name: numpy.stack([e[name] for e in examples]) for name in examples[0]}
 
 
 def collate(examples, pad_id=0):

@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from . import activations, backend, memory, meta, policies
+from .data import stack_collate
 from .nn.module import Parameter
 from .nn.transformer import GPT, GPTConfig
 from .ops.flops import op_flops
@@ -115,8 +116,9 @@ GPUS = {
     "h200": ("NVIDIA H200", 141, 139.81),  # github.com/sungwon-chae/arxiv_confi, etu_logging.md ("NVIDIA H200")
 }
 # What a GPU's process cannot have of that total, by default: the CUDA context (the driver and the
-# loaded kernels), about 300 MB (github.com/pytorch/pytorch/issues/107667) to 400 MB (issue 109888)
-# with the lazy module loading PyTorch has set since 1.13 (pull 86509), and it cannot be freed.
+# loaded kernels), about 300 MB (github.com/pytorch/pytorch/issues/107667) to 400 MB
+# (github.com/pytorch/pytorch/issues/109888) with the lazy module loading PyTorch has set since 1.13
+# (github.com/pytorch/pytorch/pull/86509), and it cannot be freed.
 # Rounded up to 0.5 GiB for the caching allocator's rounding: that margin is ours, not a source's.
 DEFAULT_RESERVE = GiB // 2
 
@@ -290,11 +292,6 @@ class _Recorder(memory.MemoryTracker):
             self.recomputed_flops += op_flops(op, [a.shape for a in inputs], [o.shape for o in outputs])
 
 
-def _stack(examples):
-    """A micro-batch: each field of the examples stacked (estimate_step's collator)."""
-    return {name: numpy.stack([e[name] for e in examples]) for name in examples[0]}
-
-
 def estimate_step(model, batch_shapes, compute_loss_func=None, training_arguments=None, device="cuda"):
     """One optimizer step of `model`, run by the Trainer on the meta device: a StepMemory.
 
@@ -332,13 +329,13 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     args.update(per_device_train_batch_size=B, gradient_accumulation_steps=1, max_steps=1, logging_steps=0,
                 disable_tqdm=True, keep_freed_memory=False, output_dir=None, save_steps=0, eval_steps=0)
     args = TrainingArguments(**args)
-    ck = args.gradient_checkpointing_kwargs or {} if args.gradient_checkpointing else {}
+    ck = (args.gradient_checkpointing_kwargs or {}) if args.gradient_checkpointing else {}
     policy = policies.resolve(ck.get("policy"))
     example = {name: numpy.zeros(shape[1:], dtype) for name, (shape, dtype) in shapes.items()}
     recorder, batches = _Recorder(policy), []
 
     def collate(examples):  # a host batch of zeros; kept, to see which arrays the device never saw
-        batches.append(_stack(examples))
+        batches.append(stack_collate(examples))
         return batches[-1]
 
     previous = memory.tracker

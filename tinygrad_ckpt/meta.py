@@ -233,9 +233,6 @@ class ndarray:
         except ValueError:  # NumPy would copy
             return ndarray(shape, self.dtype)
 
-    def ravel(self):
-        return self.reshape(-1)
-
     def transpose(self, *axes):
         if len(axes) == 1 and not isinstance(axes[0], numbers.Integral):
             axes = axes[0]
@@ -275,10 +272,6 @@ class ndarray:
     def mean(self, axis=None, dtype=None, out=None, keepdims=False):
         return _reduce(self, "mean", axis, dtype, out, keepdims)
 
-    def var(self, axis=None, dtype=None, out=None, keepdims=False):
-        scratch = ndarray(self.shape, _reduced_dtype("mean", self.dtype, dtype))  # NumPy's x - mean  # noqa: F841
-        return _reduce(self, "var", axis, dtype, out, keepdims)
-
     def max(self, axis=None, out=None, keepdims=False):
         return _reduce(self, "max", axis, None, out, keepdims)
 
@@ -287,9 +280,6 @@ class ndarray:
 
     def argmax(self, axis=None, out=None):
         return _reduce(self, "argmax", axis, None, out, False)
-
-    def argmin(self, axis=None, out=None):
-        return _reduce(self, "argmin", axis, None, out, False)
 
     def any(self, axis=None, out=None, keepdims=False):
         return _reduce(self, "any", axis, None, out, keepdims)
