@@ -25,7 +25,7 @@ from tinygrad_ckpt.accumulate import GradientAccumulator
 from tinygrad_ckpt.data import CharDataset, CharTokenizer, collate, load_text
 from tinygrad_ckpt.gradcheck import gradcheck
 from tinygrad_ckpt.nn import LSTM, LSTMCell, LSTMConfig, LSTMLanguageModel
-from tinygrad_ckpt.schedules import revolve
+from tinygrad_ckpt.schedules import describe, minimum_budget, plan_checkpoints, predict, revolve, segment_bounds
 from tinygrad_ckpt.testing import check_accumulation, check_checkpoint
 from tinygrad_ckpt.testing import strategies as tst
 from tinygrad_ckpt.train import Trainer, TrainingArguments
@@ -246,6 +246,73 @@ def test_sqrt_segments_through_time_lower_the_saved_activation_peak():
     print(f"T={4 * T}: {plain_4} B plain, {sqrt_4} B with sqrt(T) segments")
     assert plain_4 >= 3.9 * plain  # linear in T
     assert sqrt_4 < plain_4 / 3 and sqrt_4 / sqrt < plain_4 / plain  # less, and growing slower
+
+
+# -- the planner over time steps: a budget in bytes -> where to cut time ----------------------------
+def measured_peak(lstm, x, hx=None):
+    """memory.py's highest saved-activation bytes above what was live before, over a forward and backward."""
+    base = memory.current()["activations"]
+    with memory.timeline() as events:
+        lstm.zero_grad()
+        output, _ = lstm(x, hx)
+        output.sum().backward()  # saves nothing: only the LSTM's own activations count
+    return max(e["activations"] for e in events) - base
+
+
+@settings(max_examples=examples(12))
+@given(T=st.integers(2, 20), num_layers=st.integers(1, 3), B=st.integers(1, 3), batch_first=st.booleans(),
+       input_grad=st.booleans(), with_state=st.booleans(), fraction=st.floats(0.0, 1.0), nested=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_the_planner_cuts_time_within_a_budget_and_the_step_holds_what_it_predicts(
+        T, num_layers, B, batch_first, input_grad, with_state, fraction, nested, seed):
+    """measure_time_steps -> plan_checkpoints -> gradient_checkpointing_enable: the peak memory.py measures is
+    the plan's predicted peak, to the byte, within the budget; and so for sqrt and every step; same gradients."""
+    D, H = 3, 5
+    lstm = LSTM(D, H, num_layers, batch_first=batch_first, rng=rng(seed))
+    x = Tensor(rng(seed + 1).standard_normal((B, T, D) if batch_first else (T, B, D)).astype(numpy.float32),
+               requires_grad=input_grad)
+    hx = tuple(Tensor(rng(seed + k).standard_normal((num_layers, B, H)).astype(numpy.float32), requires_grad=True)
+               for k in (2, 3)) if with_state else None
+    costs = lstm.measure_time_steps(x, hx, repeats=1, cost="flops")
+    assert len(costs) == T
+    plain = predict(costs, [(0, T, False)])[0]
+    least = minimum_budget(costs, nested)
+    budget = int(least + fraction * (plain - least))
+    plan = plan_checkpoints(costs, budget, nested)
+    assert plan.peak_bytes <= budget
+    lstm.gradient_checkpointing_disable()
+    assert measured_peak(lstm, x, hx) == plain
+    grads = [p.grad.numpy().copy() for p in lstm.parameters()]
+    for segments in (plan, "sqrt", "every"):
+        lstm.gradient_checkpointing_enable(segments)
+        assert measured_peak(lstm, x, hx) == predict(costs, segments)[0], describe(segment_bounds(T, segments))
+        assert all(numpy.array_equal(g, p.grad.numpy()) for g, p in zip(grads, lstm.parameters()))
+
+
+def test_a_tighter_budget_cuts_time_more_and_a_plan_is_for_its_own_length():
+    lstm = LSTM(4, 8, num_layers=2, rng=rng())
+    x = Tensor(rng(1).standard_normal((32, 2, 4)).astype(numpy.float32))
+    costs = lstm.measure_time_steps(x, cost="flops")
+    plain = predict(costs, [(0, 32, False)])[0]
+    loose, tight = plan_checkpoints(costs, plain // 2), plan_checkpoints(costs, minimum_budget(costs, nested=False), nested=False)
+    assert len(tight.segments) > len(loose.segments) and tight.peak_bytes < loose.peak_bytes <= plain // 2
+    assert tight.recompute_seconds > loose.recompute_seconds > 0  # less memory, more recompute
+    lstm.gradient_checkpointing_enable(loose)
+    with pytest.raises(ValueError, match="do not fit a sequence of 16 time steps"):
+        lstm(Tensor(numpy.zeros((16, 2, 4), dtype=numpy.float32)))
+
+
+def test_time_step_costs_count_the_state_and_the_sequence_once():
+    """A step's input is every layer's (h, c); the sequence, read by all steps, is counted once, with step 0."""
+    T, B, D, H, L = 6, 3, 4, 5, 2
+    lstm = LSTM(D, H, num_layers=L, rng=rng())
+    x = Tensor(numpy.zeros((T, B, D), dtype=numpy.float32))
+    costs = lstm.measure_time_steps(x, repeats=1)
+    state = 2 * L * B * H * 4  # h and c of every layer, float32
+    assert [c.input_bytes for c in costs] == [state + x.data.nbytes] + [state] * (T - 1)
+    assert all(c.saves_input for c in costs)
+    # Layer 1 saves layer 0's new h (its input) and so does the next step (its state): counted once.
+    assert [c.shared_output_bytes for c in costs] == [(L - 1) * B * H * 4] * (T - 1) + [0]
 
 
 # -- the language model -------------------------------------------------------------------------

@@ -276,7 +276,7 @@ def _needed_inputs(note, action):
 
 
 def recompute_shares(fn, x):
-    """What a checkpoint's recompute runs of fn(x), as shares of its forward's FLOPs.
+    """What a checkpoint's recompute runs of fn(x) (fn(*x) for a tuple x), as shares of its forward's FLOPs.
 
     (inside, last): when fn is a layer inside a checkpointed segment (its
     result is needed by the next layer), and when it is the segment's last
@@ -285,10 +285,11 @@ def recompute_shares(fn, x):
     schedules.py.
     """
     traced = _Traced()
-    forward_tape = SegmentTape(traced, [x])
+    inputs = x if isinstance(x, tuple) else (x,)
+    forward_tape = SegmentTape(traced, list(inputs))
     with tape.recording(forward_tape):
-        out = fn(x)
-    forward_tape.learn(traced, [out])
+        out = fn(*inputs)
+    forward_tape.learn(traced, list(out) if isinstance(out, tuple) else [out])
     notes, origin = traced.notes, traced.out_origins
     total = sum(_flops(n) for n in notes)
     if not total:

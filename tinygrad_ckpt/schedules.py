@@ -63,6 +63,11 @@ class LayerCost:
     flops: int = 0  # forward FLOPs, counted from shapes (ops/flops.py)
     recompute_share: float = 1.0  # the share of its forward a recompute runs, inside a segment
     last_share: float = 1.0  # ... and as a segment's last layer, where the recompute stops early
+    # Its output's buffers that it saves itself and that the next layer keeps as its input (an LSTM
+    # step's new h, which the next layer of the same step also saves): counted once, with the next
+    # layer's input, and so left out of saved_bytes. They are apart only in a checkpoint's recompute,
+    # whose last layer saves a fresh copy of its output (see `walk`).
+    shared_output_bytes: int = 0
 
     @property
     def held_bytes(self):
@@ -166,7 +171,7 @@ def sqrt_segments(n):
 
 
 # -- measuring a chain ---------------------------------------------------------
-def measure_layers(layers, x, repeats=2, cost="time"):
+def measure_layers(layers, x, repeats=2, cost="time", reads=()):
     """Run the chain once on sample input x, layer by layer; a LayerCost per layer.
 
     Each layer runs on a fresh tape on a detached copy of its input (with the
@@ -174,6 +179,15 @@ def measure_layers(layers, x, repeats=2, cost="time"):
     are counted by buffer, as memory.py counts them; parameters (leaf
     tensors that require grad) are not activations and are left out. Its
     forward time is the best of `repeats` runs, and its FLOPs are counted.
+
+    x: a Tensor, or a tuple of Tensors that each layer takes as its
+    arguments and returns (a recurrent network's state from one time step to
+    the next). A layer "saves its input" when it saves every one of those
+    buffers; one that saves only some counts them among its own bytes, so a
+    checkpoint's recompute is predicted one copy of them high, never low.
+    reads: tensors the layers read besides their input (the sequence whose
+    steps they take in turn), which live apart from the chain: left out of
+    every layer's bytes, as parameters are.
 
     cost: what the planner will minimise. "time": each layer's measured
     seconds. "flops": the chain's measured seconds shared out in proportion
@@ -185,40 +199,56 @@ def measure_layers(layers, x, repeats=2, cost="time"):
     """
     if cost not in ("time", "flops"):
         raise ValueError(f"measure_layers: cost must be 'time' or 'flops', got {cost!r}")
-    costs = []
+    apart = {id(backend.storage(t.data)) for t in reads}
+    costs, shared = [], {}
     for i, layer in enumerate(layers):
         seconds = math.inf
         for _ in range(repeats):
-            inp = Tensor(x.data, requires_grad=x.requires_grad, device=x.device)
+            inputs = _detached(x)
             recorded = tape.Tape()
             start = time.perf_counter()
             with tape.recording(recorded):
-                y = layer(inp)
+                y = layer(*inputs)
             seconds = min(seconds, time.perf_counter() - start)
         nodes = recorded.nodes()
-        params = {id(backend.storage(t.data)) for n in nodes for t in n.inputs
-                  if t is not None and t.is_leaf and t.requires_grad and t is not inp}
+        left_out = apart | {id(backend.storage(t.data)) for n in nodes for t in n.inputs
+                            if t is not None and t.is_leaf and t.requires_grad and not any(t is a for a in inputs)}
         saved = {}
         for n in nodes:
             for a in n.ctx.saved_arrays or ():
                 if a is not None:
                     base = backend.storage(a)
-                    if id(base) not in params:
+                    if id(base) not in left_out:
                         saved[id(base)] = base.nbytes
-        in_id = id(backend.storage(inp.data))
-        saves_input = in_id in saved
-        saved.pop(in_id, None)
+        in_ids = {id(backend.storage(t.data)): backend.storage(t.data).nbytes for t in inputs}
+        if costs and shared:  # what the previous layer saved of its output and this one saves too
+            both = [k for k in shared if k in saved]
+            costs[-1].saved_bytes -= sum(shared[k] for k in both)
+            costs[-1].shared_output_bytes = sum(shared[k] for k in both)
+        saves_input = all(k in saved for k in in_ids)
+        if saves_input:
+            for k in in_ids:
+                saved.pop(k)
         flops = sum(op_flops(n.name, n.input_shapes, n.shapes) for n in nodes)
         name = getattr(layer, "name", None) or type(layer).__name__
-        inside, last = recompute_shares(layer, Tensor(x.data, requires_grad=x.requires_grad, device=x.device))
-        costs.append(LayerCost(f"{i}:{name}", inp.data.nbytes, sum(saved.values()), saves_input, y.data.nbytes,
-                               seconds, flops, inside, last))
-        x = Tensor(y.data, requires_grad=y.requires_grad, device=y.device)
+        inside, last = recompute_shares(layer, _detached(x))
+        outputs = y if isinstance(y, tuple) else (y,)
+        out_ids = {id(backend.storage(t.data)) for t in outputs}
+        shared = {k: b for k, b in saved.items() if k in out_ids}  # its outputs it saves itself
+        costs.append(LayerCost(f"{i}:{name}", sum(in_ids.values()), sum(saved.values()), saves_input,
+                               sum(t.data.nbytes for t in outputs), seconds, flops, inside, last))
+        x = tuple(_detached(y)) if isinstance(y, tuple) else y
     if cost == "flops":
         total_seconds, total_flops = sum(c.seconds for c in costs), sum(c.flops for c in costs)
         for c in costs:
             c.seconds = total_seconds * (c.flops / total_flops if total_flops else 1 / len(costs))
     return costs
+
+
+def _detached(x):
+    """Fresh leaves over x's arrays (a Tensor or a tuple of them), each as requires_grad as it was: a tuple."""
+    return tuple(Tensor(t.data, requires_grad=t.requires_grad, device=t.device)
+                 for t in (x if isinstance(x, tuple) else (x,)))
 
 
 # -- predicting and planning -----------------------------------------------------
@@ -240,12 +270,18 @@ def walk(costs, segments, P=0, input_held=False):
         checkpointed segment [a, b)   P += in_a (the record saves its input);
                                       its recompute holds
                                       P + in_a + held_a + ... + held_{b-1}
+                                      + shared_{b-1}
                                       (less in_a if layer a saves its input:
                                       the same buffer, counted once)
         nested segment [a, b)         P += in_a; its recompute is its inner
                                       plan, walked from P + in_a with that
                                       input counted already; it costs the
                                       inner plan's forward plus its recompute
+
+    shared_{b-1} (LayerCost.shared_output_bytes): what the segment's last
+    layer saves of its own output. Everywhere else that buffer is the next
+    layer's input and counted there; in a recompute it is a fresh copy,
+    while the next layer's, freed by then, no longer counts.
 
     A checkpointed segment's recompute costs its layers' recompute shares,
     the last one's share as a segment's last layer (`segment_recompute`).
@@ -267,13 +303,14 @@ def walk(costs, segments, P=0, input_held=False):
             P += sum(c.held_bytes for c in costs[a:b]) - (first.input_bytes if counted and first.saves_input else 0)
             continue
         base = P + (0 if counted else first.input_bytes)  # the record saves its input
+        fresh = costs[b - 1].shared_output_bytes  # the recomputed last layer's output (see above)
         if isinstance(how, list):  # recomputed by running its inner plan
             inner_end, inner_peak, inner_recompute = walk(costs, how, base, input_held=True)
-            peak = max(peak, inner_end, inner_peak)
+            peak = max(peak, inner_end + (fresh if not how[-1][2] else 0), inner_peak)  # its last part stored
             recompute += inner_recompute + _inner_forward(costs, how)
         else:
             held = sum(c.held_bytes for c in costs[a:b])
-            peak = max(peak, base + held - (first.input_bytes if first.saves_input else 0))
+            peak = max(peak, base + held - (first.input_bytes if first.saves_input else 0) + fresh)
             recompute += segment_recompute(costs, a, b)
         P = base
     return P, peak, recompute
@@ -394,6 +431,9 @@ def _best_plan(costs, budget, units, after_bytes=0):
                 peak = base + held[j] - held[i]
                 if peak > budget:
                     break  # longer segments only hold more
+                peak += costs[j - 1].shared_output_bytes  # the recomputed last layer's output (see walk)
+                if peak > budget:
+                    continue
                 recomputed = cost[j - 1] - cost[i] + units[j - 1][1]  # layers i..j-2, then the last
                 states[j].append((P + first.input_bytes, C + recomputed, max(M, peak), (i, j, True), state))
     final = [s for s in _prune(states[n]) if max(s[0] + after_bytes, s[2]) <= budget]

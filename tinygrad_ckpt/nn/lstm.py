@@ -60,7 +60,7 @@ import numpy
 from .. import backend, random
 from .. import functional as F
 from ..checkpoint import ChainCheckpointing, checkpoint
-from ..schedules import Plan, segment_bounds
+from ..schedules import Plan, measure_layers, segment_bounds
 from ..tensor import Tensor
 from .layers import Dropout, Embedding, Linear
 from .module import Module, Parameter
@@ -183,47 +183,81 @@ class LSTM(ChainCheckpointing, Module):
     def forward(self, input, hx=None):
         x = self._checked_input(input)
         x = x.transpose(0, 1) if self.batch_first else x  # (T, B, input_size)
-        T, B, _ = x.shape
-        shape = (self.num_layers, B, self.hidden_size)
-        h_0, c_0 = self._checked_state(hx, shape) if hx is not None else (None, None)
-        segments = self.time_segments(T)
-        h_n, c_n = [], []
-        for k in range(self.num_layers):
-            h = h_0[k] if h_0 is not None else _zeros(self.weight_hh_l0, shape[1:])  # (B, H)
-            c = c_0[k] if c_0 is not None else _zeros(self.weight_hh_l0, shape[1:])  # (B, H)
-            x, h, c = self.through_time(k, x, h, c, segments, self.checkpoint_policy)  # x: (T, B, H), layer k's h
-            h_n.append(h)
-            c_n.append(c)
-        output = x.transpose(0, 1) if self.batch_first else x
-        return output, (F.stack(h_n), F.stack(c_n))  # h_n, c_n: (num_layers, B, H)
+        output, state = self.through_time(x, self._initial_state(x, hx), self.time_segments(x.shape[0]),
+                                          self.checkpoint_policy)
+        output = output.transpose(0, 1) if self.batch_first else output
+        return output, (F.stack(state[0::2]), F.stack(state[1::2]))  # h_n, c_n: (num_layers, B, H)
 
-    def through_time(self, k, x, h, c, segments, policy=None):
-        """Layer k over the steps of x (L, B, I), from (h, c), one segment of steps after another.
+    def through_time(self, x, state, segments, policy=None):
+        """The steps of x (L, B, I), from `state`, one segment of steps after another.
 
-        segments: [(start, stop, how)] covering x's L steps; how False runs the steps, True
-        checkpoints them, a list is a checkpointed segment's own plan for its recompute (nested).
-        policy: the checkpoints' (an inner plan's keep nothing, as in checkpoint_sequential).
-        Returns (outputs (L, B, H), h, c).
+        state: [h_0, c_0, h_1, c_1, ...], every layer's (B, H) state.
+        segments: [(start, stop, how)] covering x's L steps; how False runs the
+        steps, True checkpoints them, a list is a checkpointed segment's own plan
+        for its recompute (nested). policy: the checkpoints' (an inner plan's
+        keep nothing, as in checkpoint_sequential).
+        Returns (the last layer's h at every step (L, B, H), the state after the last step).
         """
         pieces = x.split([stop - start for start, stop, _ in segments], dim=0) if len(segments) > 1 else [x]
         outputs = []
         for (start, stop, how), steps in zip(segments, pieces):
-            run = _Steps(self, k, start, stop, inner=how if isinstance(how, list) else None)
-            if how:  # checkpointed: keeps steps, h and c; runs again in backward
-                y, h, c = checkpoint(run, steps, h, c, policy=policy, **(self.checkpoint_options or {}))
+            run = _Steps(self, start, stop, inner=how if isinstance(how, list) else None)
+            if how:  # checkpointed: keeps its steps and the state it starts from; runs again in backward
+                y, *state = checkpoint(run, steps, *state, policy=policy, **(self.checkpoint_options or {}))
             else:
-                y, h, c = run(steps, h, c)
+                y, *state = run(steps, *state)
             outputs.append(y)
-        return (outputs[0] if len(outputs) == 1 else F.cat(outputs, axis=0)), h, c
+        return (outputs[0] if len(outputs) == 1 else F.cat(outputs, axis=0)), state
 
-    def run_steps(self, k, x, h, c):
-        """The plain loop: layer k's cell over every step of x (L, B, I); (outputs (L, B, H), h, c)."""
-        weights = self.layer_weights(k)
+    def run_steps(self, x, state):
+        """The plain loop: every step of x (L, B, I) from `state`; (outputs (L, B, H), state)."""
         outputs = []
         for x_t in x.split(1, dim=0):  # one record for all the steps' views, each (1, B, I)
-            h, c = lstm_cell(x_t.squeeze(0), h, c, *weights)  # (B, H) each
-            outputs.append(h)
-        return F.stack(outputs), h, c  # (L, B, H)
+            y, state = self.time_step(x_t.squeeze(0), state)
+            outputs.append(y)
+        return F.stack(outputs), state
+
+    def time_step(self, x_t, state):
+        """One time step through every layer: x_t (B, I) and state [h_0, c_0, h_1, c_1, ...] -> (the last
+        layer's new h, the new state). Layer k reads layer k-1's new h, as it would run layer by layer."""
+        new = []
+        for k in range(self.num_layers):
+            h, c = lstm_cell(x_t, state[2 * k], state[2 * k + 1], *self.layer_weights(k))
+            new += [h, c]
+            x_t = h
+        return x_t, new
+
+    # -- what each step costs, for the planner -----------------------------------------------
+    def measure_time_steps(self, input, hx=None, repeats=2, cost="time"):
+        """A schedules.LayerCost per time step of `input`, for schedules.plan_checkpoints:
+
+            costs = lstm.measure_time_steps(x)             # x as forward takes it
+            plan = plan_checkpoints(costs, budget_bytes)   # the cuts that recompute least within the budget
+            lstm.gradient_checkpointing_enable(plan)       # a plan for sequences of this length
+
+        The time steps are the chain (schedules.measure_layers, with the state
+        as what one step hands the next): a step's input is every layer's
+        (h, c), which it saves, and what it holds is its records' saved
+        arrays. The sequence itself is read by every step and kept by the
+        first step's records or the first checkpoint, whichever runs: it is
+        counted once, with step 0's input. cost, repeats: as measure_layers'.
+        """
+        x = self._checked_input(input)
+        x = x.transpose(0, 1) if self.batch_first else x  # (T, B, input_size)
+        x = Tensor(x.data, requires_grad=x.requires_grad, device=x.device)  # the sequence, detached
+        steps = [_TimeStep(self, t, Tensor(x.data[t], requires_grad=x.requires_grad, device=x.device))
+                 for t in range(x.shape[0])]  # each step reads a view of the sequence, (B, I)
+        costs = measure_layers(steps, tuple(self._initial_state(x, hx)), repeats, cost, reads=(x,))
+        costs[0].input_bytes += backend.storage(x.data).nbytes
+        return costs
+
+    def _initial_state(self, x, hx):
+        """[h_0, c_0, h_1, c_1, ...] for x (T, B, I): hx's layers, or zeros."""
+        shape = (self.num_layers, x.shape[1], self.hidden_size)
+        if hx is None:
+            return [_zeros(self.weight_hh_l0, shape[1:]) for _ in range(2 * self.num_layers)]  # each (B, H)
+        h_0, c_0 = self._checked_state(hx, shape)
+        return [t for k in range(self.num_layers) for t in (h_0[k], c_0[k])]
 
     # -- checks -----------------------------------------------------------------------
     def _checked_input(self, input):
@@ -259,19 +293,31 @@ class LSTM(ChainCheckpointing, Module):
 
 
 class _Steps:
-    """Steps start..stop of layer k, as a function (steps, h, c) -> (outputs, h, c) for checkpoint().
+    """Steps start..stop, as a function (steps, *state) -> (outputs, *state) for checkpoint().
 
     Named for error messages; a nested segment runs its inner plan (schedules.revolve's kind).
     """
 
-    def __init__(self, lstm, k, start, stop, inner=None):
-        self.lstm, self.k, self.inner = lstm, k, inner
-        self.name = f"LSTM layer {k}, time steps [{start}:{stop}]"
+    def __init__(self, lstm, start, stop, inner=None):
+        self.lstm, self.inner = lstm, inner
+        self.name = f"LSTM time steps [{start}:{stop}]"
 
-    def __call__(self, steps, h, c):
+    def __call__(self, steps, *state):
         if self.inner is not None:
-            return self.lstm.through_time(self.k, steps, h, c, self.inner)
-        return self.lstm.run_steps(self.k, steps, h, c)
+            outputs, state = self.lstm.through_time(steps, list(state), self.inner)
+        else:
+            outputs, state = self.lstm.run_steps(steps, list(state))
+        return (outputs, *state)
+
+
+class _TimeStep:
+    """Time step t over x_t, as a link of a chain, state -> state, for schedules.measure_layers."""
+
+    def __init__(self, lstm, t, x_t):
+        self.lstm, self.x_t, self.name = lstm, x_t, f"t{t}"
+
+    def __call__(self, *state):
+        return tuple(self.lstm.time_step(self.x_t, list(state))[1])
 
 
 def _length_named_by(segments):

@@ -217,4 +217,6 @@ layer_costs = st.builds(
     saves_input=st.booleans(), output_bytes=st.just(0), seconds=st.integers(1, 9).map(float),
     # What a recompute runs of a layer: all of it, or less as a segment's last layer (early stop).
     recompute_share=st.just(1.0), last_share=st.sampled_from([1.0, 0.5, 0.25]),
+    # Its output that it saves and the next layer keeps too (an LSTM step's h): mostly none.
+    shared_output_bytes=st.sampled_from([0, 0, 0, 10, 40]),
 )
