@@ -10,6 +10,9 @@ What each group proves:
     the same ops on the same arrays), accumulation included;
   * sqrt(T) segments lower the saved-activation peak, and it grows slower
     than T, measured by memory.py;
+  * the budget planner over time steps (measure_time_steps, then
+    schedules.plan_checkpoints) keeps within its budget, and the peak
+    memory.py measures is the plan's predicted one, to the byte;
   * the language model learns the embedded text, the Trainer trains it,
     and bad input gets an error that says what to do.
 """

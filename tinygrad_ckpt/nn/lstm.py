@@ -28,12 +28,17 @@ step's gates until backward reaches it: memory grows with T. Chen et al.
 input, recomputing its steps in backward; Gruslys et al. 2016
 ("Memory-Efficient Backpropagation Through Time") plan the cuts for a
 budget by dynamic programming, of which schedules.revolve(T, slots),
-Griewank's nested plan, is the case of equal steps. Here the chain is the time steps: `lstm.gradient_checkpointing_enable(
-segments, policy)` takes what the GPT's takes ('every', 'sqrt', an int, a
-list of boundaries, a schedules.Plan, nested segments), counted in time
-steps, and each layer runs its steps segment by segment through checkpoint():
-a checkpointed segment keeps its steps' inputs and the state (h, c) it
-starts from, and hands its last (h, c) to the next segment.
+Griewank's nested plan, is the case of equal steps. Here the chain is the
+time steps: one step runs every layer (layer k reads layer k-1's new h, the
+same numbers as running layer by layer), and hands every layer's (h, c) to
+the next step. `lstm.gradient_checkpointing_enable(segments, policy)` takes
+what the GPT's takes ('every', 'sqrt', an int, a list of boundaries, a
+schedules.Plan, nested segments), counted in time steps; a checkpointed
+segment keeps its steps' inputs and the state it starts from, and hands its
+last state to the next segment. For a memory budget, the planner the chain
+models use: `measure_time_steps` gives a schedules.LayerCost per step and
+schedules.plan_checkpoints the cuts that recompute least within the budget,
+its predicted peak the one memory.py measures (tests/test_lstm.py).
 
     >>> import numpy
     >>> from tinygrad_ckpt import Tensor
@@ -42,9 +47,17 @@ starts from, and hands its last (h, c) to the next segment.
     >>> output, (h_n, c_n) = lstm(x)
     >>> output.shape, h_n.shape
     ((16, 2, 5), (2, 2, 5))
-    >>> lstm.gradient_checkpointing_enable("sqrt")  # each layer: 4 segments of 4 steps
+    >>> lstm.gradient_checkpointing_enable("sqrt")  # 4 segments of 4 steps
     >>> lstm.time_segments(16)
     [(0, 4, True), (4, 8, True), (8, 12, True), (12, 16, True)]
+    >>> from tinygrad_ckpt.schedules import plan_checkpoints
+    >>> costs = lstm.measure_time_steps(x, cost="flops")  # bytes and FLOPs of each of the 16 steps
+    >>> plan = plan_checkpoints(costs, budget=4096)  # the least recompute within 4 KiB of saved activations
+    >>> lstm.gradient_checkpointing_enable(plan)
+    >>> plan.segments  # the last 5 steps stored, the rest cut where the budget needs
+    [(0, 3, True), (3, 5, True), (5, 7, True), (7, 9, True), (9, 11, True), (11, 16, False)]
+    >>> plan.peak_bytes  # what memory.py will measure
+    4024
 
 What does not live here: checkpointing (checkpoint.py), where to cut
 (schedules.py), the layers the language model borrows (layers.py), the
