@@ -1,265 +1,48 @@
 """For each model kind, what does checkpointing save and cost?
 
-The rule of thumb in practitioners' write-ups on Hugging Face's
-`gradient_accumulation_steps` and `gradient_checkpointing` sorts models into
-small (a CNN, an LSTM: need neither) and large (a GPT, a BERT: checkpointing
-is essential), and says checkpointing costs about 20 % and matters little
-unless the model is really big. This script measures it, kind by kind: the
-CNN on images (nn/cnn.py), the LSTM language model (nn/lstm.py), the encoder
-(nn/encoder.py, BERT's kind) and the GPT (nn/transformer.py), each with no
-checkpointing, with every link of its chain checkpointed (a CNN stage, an LSTM
-time step, a transformer block) and with sqrt(n) segments of it.
+The CNN on images, the LSTM language model, the encoder (BERT's kind) and
+the GPT, each with no checkpointing, with every link of its chain
+checkpointed (a CNN stage, an LSTM time step, a transformer block) and with
+sqrt(n) segments: part 1 on real arrays at two sizes a kind (saved
+activations, step peak, the meta device's figures beside them, CPU time,
+FLOPs), part 2 at full sizes on the meta device (a CNN at 224 x 224, an
+LSTM over 1024 steps, a BERT-base-sized encoder over 512 tokens, GPT-2
+medium over 1024: the largest micro-batch that fits a 16 GB V100). The
+measuring is tinygrad_ckpt/bench/kinds.py, whose docstring defines every
+column; `tinygrad-ckpt bench --kinds` runs the same and writes kinds.md and
+kinds.json. This script runs the full set with BLAS on THREADS threads (set
+before NumPy loads), the setting benchmarks/README.md's figures were taken with.
 
-Part 1, on real arrays, two sizes per kind that run in seconds here: one
-Trainer step (AdamW) per strategy, with memory.py's count:
-  saved act.  the highest the saved activations reach during the step;
-  peak        the step's peak (every category), less what lived before the model;
-  = meta      the same step on the meta device (fit.estimate_step, device="cpu")
-              gives the same two figures to the byte;
-  wall s, cpu s  the median wall-clock and CPU time (time.process_time(), which
-              other programs on a busy machine do not inflate) of a Trainer
-              step, REPEATS of them after a warm-up, in rounds over the
-              strategies, so that a load that drifts slows them alike;
-  cpu x, paired  the ratio of the CPU medians to no checkpointing's, and the
-              median of the ratios within a round;
-  FLOPs x     1 + the FLOPs the recompute ran / (3 x the forward's FLOPs), the
-              measure fit uses (ops/flops.py; a step is about three forwards).
-
-Part 2, full sizes on the meta device (a CNN at 224 x 224, an LSTM over
-1024 steps, a BERT-base-sized encoder over 512 tokens, GPT-2 medium over
-1024): the step at micro-batch REFERENCE_BATCH, the FLOPs ratio, and the
-largest micro-batch whose memory.py peak fits BUDGET (a V100 16 GB as CUDA
-reports it, less fit's 0.5 GiB for the CUDA context), from the step run at
-micro-batches 1, 2 and 3 (fit.StepProfile: every array is a + b x batch
-bytes; the largest is then run, and the next one, to check).
-
-    python benchmarks/model_kinds.py            # 12 minutes on 2 cores at load average 6 (2026-12-02)
-
-BLAS runs on THREADS threads (set before NumPy loads).
+    python benchmarks/model_kinds.py                 # 12 minutes on 2 cores at load average 6 (2026-12-02)
+    python benchmarks/model_kinds.py --kinds LSTM    # one kind, or several
 """
 
+import argparse
 import os
 
 THREADS = "1"  # a shared 2-core machine: one BLAS thread is the steadier (benchmarks/README.md)
 for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_name] = THREADS
 
-import gc  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from tinygrad_ckpt.bench import kinds  # noqa: E402
 
-import numpy  # noqa: E402
-
-from tinygrad_ckpt import Tensor, backend, fit, memory  # noqa: E402
-from tinygrad_ckpt import functional as F  # noqa: E402
-from tinygrad_ckpt.data import stack_collate  # noqa: E402
-from tinygrad_ckpt.nn import CNN, GPT, CNNConfig, GPTConfig  # noqa: E402
-from tinygrad_ckpt.nn.encoder import Encoder, EncoderConfig  # noqa: E402
-from tinygrad_ckpt.nn.lstm import LSTMConfig, LSTMLanguageModel  # noqa: E402
-from tinygrad_ckpt.ops.flops import op_flops  # noqa: E402
-from tinygrad_ckpt.train import Trainer, TrainingArguments  # noqa: E402
-
-# -- configuration ------------------------------------------------------------------------
-STRATEGIES = {"none": None, "every": "every", "sqrt": "sqrt"}  # gradient_checkpointing_kwargs' segments
 REPEATS = 5  # timed steps per strategy, after one warm-up
-REFERENCE_BATCH = 8  # part 2's micro-batch
-BUDGET = fit.device_memory_bytes("v100-16gb")[0] - fit.DEFAULT_RESERVE  # part 2's memory: 15.28 GiB
-MIB, GIB = 1 << 20, 1 << 30
 
 
-@dataclass
-class Size:
-    """One model at one size: how to build it, one example's fields, and its loss."""
-
-    kind: str  # "CNN", "LSTM", "encoder", "GPT"
-    label: str  # what the table calls the size
-    make: object  # device -> the model (weights from a fixed seed)
-    example: dict  # field -> (shape of one example, dtype, high: values drawn from [0, high); None: normal)
-    loss: object  # the Trainer's compute_loss_func: (model, batch) -> (sum of the losses, items)
-    batch: int  # part 1's micro-batch
+def say(line):
+    print(line, flush=True)
 
 
-def image_loss(model, batch):
-    """A CNN's loss: the sum of the cross-entropies of the images' logits, and how many images."""
-    logits, _ = model(Tensor(batch["x"], device=model.head.weight.device))  # (B, n_classes)
-    return F.cross_entropy(logits, backend.to_device(batch["y"], logits.device), reduction="sum"), len(batch["y"])
-
-
-def language_model_loss(model, batch):
-    """The LSTM's and the GPT's loss, as the Trainer's own: the sum over every token, and how many tokens."""
-    logits, _ = model(batch["input_ids"])  # (B, T, vocab)
-    labels = batch["labels"]
-    return F.cross_entropy(logits, backend.to_device(labels, logits.device), reduction="sum"), labels.size
-
-
-def sequence_label_loss(model, batch):
-    """The encoder's loss: one label per sequence."""
-    logits, _ = model(batch["input_ids"])  # (B, num_classes)
-    labels = batch["labels"]
-    return F.cross_entropy(logits, backend.to_device(labels, logits.device), reduction="sum"), len(labels)
-
-
-def cnn(label, config, batch):
-    S, C = config.image_size, config.in_channels
-    return Size("CNN", label, lambda device: CNN(config, rng=numpy.random.default_rng(0), device=device),
-                {"x": ((C, S, S), "float32", None), "y": ((), "int64", config.n_classes)}, image_loss, batch)
-
-
-def lstm(label, config, T, batch):
-    return Size("LSTM", label, lambda device: LSTMLanguageModel(config, rng=numpy.random.default_rng(0), device=device),
-                {"input_ids": ((T,), "int64", config.vocab_size), "labels": ((T,), "int64", config.vocab_size)},
-                language_model_loss, batch)
-
-
-def encoder(label, config, T, batch):
-    return Size("encoder", label, lambda device: Encoder(config, rng=numpy.random.default_rng(0), device=device),
-                {"input_ids": ((T,), "int64", config.vocab_size), "labels": ((), "int64", config.num_classes)},
-                sequence_label_loss, batch)
-
-
-def gpt(label, config, T, batch):
-    return Size("GPT", label, lambda device: GPT(config, rng=numpy.random.default_rng(0), device=device),
-                {"input_ids": ((T,), "int64", config.vocab_size), "labels": ((T,), "int64", config.vocab_size)},
-                language_model_loss, batch)
-
-
-MEASURED = [  # part 1: real arrays, seconds a step
-    cnn("32x32, widths 16-64", CNNConfig(), 32),
-    cnn("64x64, widths 32-256", CNNConfig(image_size=64, widths=(32, 64, 128, 256)), 8),
-    lstm("H 128, T 64", LSTMConfig(), 64, 16),
-    lstm("H 512 x 2, T 256", LSTMConfig(n_embd=128, hidden_size=512, num_layers=2), 256, 8),
-    encoder("2 x 32, T 32", EncoderConfig(), 32, 32),
-    encoder("6 x 128, T 128", EncoderConfig(block_size=128, vocab_size=1024, n_layer=6, n_head=4, n_embd=128), 128, 16),
-    gpt("4 x 64, T 64", GPTConfig(block_size=64, vocab_size=96, n_layer=4, n_head=4, n_embd=64, dropout=0.1), 64, 8),
-    gpt("8 x 256, T 128", GPTConfig(block_size=128, vocab_size=256, n_layer=8, n_head=4, n_embd=256, dropout=0.1), 128, 8),
-]
-FULL = [  # part 2: the meta device
-    cnn("224x224, widths 64-512", CNNConfig(image_size=224, widths=(64, 128, 256, 512)), None),
-    lstm("H 1024 x 2, T 1024", LSTMConfig(n_embd=256, hidden_size=1024, num_layers=2), 1024, None),
-    encoder("BERT-base size, T 512", EncoderConfig(block_size=512, vocab_size=30522, num_classes=2, n_layer=12,
-                                                   n_head=12, n_embd=768, dropout=0.1), 512, None),
-    gpt("GPT-2 medium, T 1024", fit.GPT2["gpt2-medium"], 1024, None),
-]
-
-
-# -- one step ----------------------------------------------------------------------------
-def arguments(strategy, batch):
-    segments = STRATEGIES[strategy]
-    return dict(per_device_train_batch_size=batch, max_steps=1, logging_steps=0, disable_tqdm=True, output_dir=None,
-                save_steps=0, eval_steps=0, gradient_checkpointing=segments is not None,
-                gradient_checkpointing_kwargs={"segments": segments} if segments else None)
-
-
-def dataset(size, batch, seed=1):
-    rng = numpy.random.default_rng(seed)
-    return [{name: (rng.standard_normal(shape).astype(dtype) if high is None else rng.integers(0, high, shape))
-             for name, (shape, dtype, high) in size.example.items()} for _ in range(batch)]
-
-
-def flops(events):
-    """(forward FLOPs, recomputed FLOPs) of a step's timeline."""
-    count = {"forward": 0, "recompute": 0}
-    for e in events:
-        if e["kind"] == "op" and e["phase"] in count and "input_shapes" in e:
-            count[e["phase"]] += op_flops(e["op"], e["input_shapes"], e["output_shapes"])
-    return count["forward"], count["recompute"]
-
-
-def real_step(size, strategy, batch):
-    """One Trainer step of a fresh model on real arrays: (peak, highest saved activations, FLOPs ratio)."""
-    gc.collect()
-    before = sum(memory.current().values())
-    trainer = Trainer(size.make(None), TrainingArguments(**arguments(strategy, batch)), dataset(size, batch),
-                      data_collator=stack_collate, compute_loss_func=size.loss)
-    with memory.timeline() as events:
-        trainer.train()
-    peak = memory.peak()[0] - before
-    forward, recomputed = flops(events)
-    return peak, max(e["activations"] for e in events), 1 + recomputed / (3 * forward)
-
-
-def meta_step(size, strategy, batch, device="cuda"):
-    """fit.estimate_step of the model built on the meta device."""
-    shapes = {name: ((batch, *shape), dtype) for name, (shape, dtype, _) in size.example.items()}
-    return fit.estimate_step(size.make("meta"), shapes, size.loss, arguments(strategy, batch), device=device)
-
-
-def meta_forward_flops(size, batch):
-    """The forward FLOPs of one micro-batch, from the ops the loss runs on the meta device."""
-    model = size.make("meta")
-    batch_ = {name: numpy.zeros((batch, *shape), dtype) for name, (shape, dtype, _) in size.example.items()}
-    with memory.timeline() as events:
-        size.loss(model, batch_)
-    return flops(events)[0]
-
-
-def times(size, batch):
-    """{strategy: [(wall-clock s, CPU s) of each timed step]}: one Trainer per strategy, stepped in rounds."""
-    trainers = {s: Trainer(size.make(None), TrainingArguments(**arguments(s, batch)), dataset(size, batch),
-                           data_collator=stack_collate, compute_loss_func=size.loss) for s in STRATEGIES}
-    seconds = {s: [] for s in STRATEGIES}
-    for trainer in trainers.values():  # warm-up: AdamW's moments, NumPy's first calls
-        trainer.train()
-    for _ in range(REPEATS):
-        for s, trainer in trainers.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            trainer.train()
-            seconds[s].append((time.perf_counter() - start, time.process_time() - start_cpu))
-    return seconds
-
-
-# -- the two parts ------------------------------------------------------------------------
-def part1():
-    print(f"Part 1: one Trainer step (AdamW) on real arrays; time: median of {REPEATS} steps after a warm-up, "
-          f"BLAS {THREADS} thread(s); MiB = 2^20 bytes")
-    print(f"{'kind':<8} {'size':<22} {'batch':>5} {'strategy':<6} {'saved act.':>10} {'peak':>9} {'= meta':>6} "
-          f"{'wall s':>7} {'cpu s':>7} {'cpu x':>5} {'paired':>6} {'FLOPs x':>7}")
-    for size in MEASURED:
-        rows = {s: real_step(size, s, size.batch) for s in STRATEGIES}
-        seconds = times(size, size.batch)
-        cpu_none = statistics.median(c for _, c in seconds["none"])
-        for s, (peak, activations, ratio) in rows.items():
-            m = meta_step(size, s, size.batch, device="cpu")
-            same = "yes" if (m.peak_bytes, m.highest["activations"]) == (peak, activations) else "NO"
-            wall, cpu = (statistics.median(t[i] for t in seconds[s]) for i in (0, 1))
-            paired = statistics.median(c / c0 for (_, c), (_, c0) in zip(seconds[s], seconds["none"]))
-            print(f"{size.kind:<8} {size.label:<22} {size.batch:>5} {s:<6} {activations / MIB:10.2f} "
-                  f"{peak / MIB:9.2f} {same:>6} {wall:7.3f} {cpu:7.3f} {cpu / cpu_none:5.2f} {paired:6.2f} "
-                  f"{ratio:7.2f}", flush=True)
-
-
-def profile(steps):
-    """fit.StepProfile from the steps at micro-batches 1, 2 and 3 (affine from 2 and 3; 1 may differ)."""
-    return fit.StepProfile(steps[2], steps[3], batch=2, below={1: steps[1]})
-
-
-def part2():
-    print(f"\nPart 2: full sizes; peak and saved activations at micro-batch {REFERENCE_BATCH} (GiB = 2^30 bytes); "
-          f"largest: the largest micro-batch whose peak fits {BUDGET / GIB:.2f} GiB (a V100 16 GB, less 0.5 GiB)")
-    print(f"{'kind':<8} {'size':<24} {'strategy':<6} {'params':>8} {'saved act.':>10} {'peak':>7} {'FLOPs x':>7} "
-          f"{'largest':>7}  checked")
-    for size in FULL:
-        for s in STRATEGIES:
-            steps = {b: meta_step(size, s, b) for b in (1, 2, 3)}
-            forward = meta_forward_flops(size, 1)
-            params = sum(p.data.size for p in size.make("meta").parameters())
-            p = profile(steps)
-            ref = p.at(REFERENCE_BATCH)
-            most = p.largest_batch(BUDGET, device=False)
-            # run the largest, and the next size: it fits, the next does not
-            fits = meta_step(size, s, most).peak_bytes <= BUDGET if most else True
-            over = meta_step(size, s, most + 1).peak_bytes > BUDGET
-            checked = f"meta; {most} and {most + 1} run: {'as predicted' if fits and over else 'NOT as predicted'}"
-            ratio = 1 + ref.recomputed_flops / (3 * forward * REFERENCE_BATCH)
-            print(f"{size.kind:<8} {size.label:<24} {s:<6} {params / 1e6:7.1f}M {ref.highest['activations'] / GIB:10.2f} "
-                  f"{ref.peak_bytes / GIB:7.2f} {ratio:7.2f} {most:>7}  {checked}", flush=True)
-
-
-def main():
-    print(f"{os.cpu_count()} CPUs, load average at the start {os.getloadavg()[0]:.1f}")
-    part1()
-    part2()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="For each model kind, what does checkpointing save and cost?")
+    parser.add_argument("--kinds", nargs="+", choices=kinds.KINDS, default=list(kinds.KINDS), metavar="KIND",
+                        help=f"the kinds to measure, of {', '.join(kinds.KINDS)} (default: all)")
+    chosen = parser.parse_args(argv).kinds
+    measured, full, budget = kinds.SETS["full"]
+    print(f"{os.cpu_count()} CPUs, load average at the start {os.getloadavg()[0]:.1f}; BLAS {THREADS} thread(s)")
+    kinds.part1([s for s in measured if s.kind in chosen], REPEATS, say)
+    print()
+    kinds.part2([s for s in full if s.kind in chosen], budget, say)
     print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

@@ -264,3 +264,36 @@ def test_an_infeasible_budget_s_note_never_shows_the_budget_and_the_least_alike(
     assert note == ("no plan fits the budget of 25% of no checkpointing (22.00 MiB, 25.00%): the least any plan "
                     "reaches is 22.03 MiB (25.03%)")
     assert strategies.infeasible_note(0.25, int(0.25 * full), int(0.31 * full), full).endswith("27.28 MiB (31%)")
+
+
+# -- bench --kinds: every model kind ------------------------------------------------------------
+def test_kinds_measures_every_kind_with_every_strategy_and_the_meta_device_agrees(tmp_path, capsys):
+    """Each kind's real step equals its meta step to the byte; checkpointing saves bytes and costs FLOPs; the
+    largest micro-batch of part 2 fits and the next does not."""
+    import json
+
+    from tinygrad_ckpt.bench import kinds
+
+    assert cli.main(["bench", "--kinds", "--tiny", "--repeats", "1", "--output-dir", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["kinds.json", "kinds.md"]
+    results = json.loads((tmp_path / "kinds.json").read_text())
+    printed = capsys.readouterr().out
+    for part in ("part1", "part2"):
+        rows = results[part]
+        assert {(r["kind"], r["strategy"]) for r in rows} == {(k, s) for k in kinds.KINDS for s in kinds.STRATEGIES}
+        by = {(r["kind"], r["strategy"]): r for r in rows}
+        for kind in kinds.KINDS:
+            none, every = by[kind, "none"], by[kind, "every"]
+            assert every["saved_bytes"] < none["saved_bytes"], kind
+            assert none["flops_ratio"] == 1 and every["flops_ratio"] > 1, kind
+            if part == "part2":
+                assert every["largest_micro_batch"] > none["largest_micro_batch"] > 0, kind
+    assert all(r["meta_equal"] for r in results["part1"])
+    assert all(r["as_predicted"] for r in results["part2"])
+    assert "NOT" not in printed and "NO " not in printed
+    assert (tmp_path / "kinds.md").read_text().splitlines()[1] == printed.splitlines()[1]
+
+
+def test_kinds_is_a_run_of_its_own(tmp_path, capsys):
+    assert cli.main(["bench", "--kinds", "--compare", "--tiny", "--output-dir", str(tmp_path)]) == 2
+    assert "--compare, --profile and --kinds are separate runs: choose one" in capsys.readouterr().err

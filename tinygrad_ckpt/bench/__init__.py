@@ -6,6 +6,8 @@
                    strategies on the workloads, memory and time per row
     compare.py     the same workloads in PyTorch, HIPS autograd and mygrad, beside the floor
     profile.py     where a step's time goes, op by op, against its floor
+    kinds.py       every model kind (CNN, LSTM, encoder, GPT): what checkpointing
+                   saves and costs, on real arrays and at full sizes on the meta device
     floor.py       the floor: a step's matrix products alone, and the machine's GEMM throughput
     plots.py       the bench's pictures (matplotlib, the optional `plot` extra)
     explorer.py    the memory explorer: report.html, one step event by event, the

@@ -4,6 +4,7 @@
     tinygrad-ckpt bench --output-dir bench-out   # the full set (it says how long it took)
     tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad, the floor (compare.py)
     tinygrad-ckpt bench --profile                # where a step's time goes, op by op (profile.py)
+    tinygrad-ckpt bench --kinds --quick          # every model kind: CNN, LSTM, encoder, GPT (kinds.py)
 
 The strategy bench (strategies.py) writes, into --output-dir, bench.md (the
 tables printed on the terminal), bench.json (every figure, the machine, the
@@ -12,7 +13,8 @@ extra) and report.html, the memory explorer page (explorer.py, with Plotly:
 the optional `report` extra); without either library the rest is still
 written, and the run says how to get what is missing. `--compare` runs compare.py instead and
 writes compare.md and compare.json; `--profile` runs profile.py and writes
-profile.md and profile.json. --quick and the hidden --tiny (toy sizes,
+profile.md and profile.json; `--kinds` runs kinds.py and writes kinds.md
+and kinds.json. --quick and the hidden --tiny (toy sizes,
 for the tests) choose the set of sizes (workloads.py) for each.
 
 What does not live here: the measuring (strategies.py, compare.py), the
@@ -26,7 +28,7 @@ import time
 from dataclasses import asdict, replace
 
 from .. import allocator, backend, random, serialization
-from . import compare, machine, profile, strategies, workloads
+from . import compare, kinds, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
 DESCRIPTION = """Measure checkpointing and accumulation strategies side by side on the reference
@@ -40,7 +42,9 @@ report.html, an interactive page of every byte of one step (opens from disk).
   tinygrad-ckpt bench --compare    W1 and W2 beside PyTorch, HIPS autograd, mygrad and the
                                    floor (those installed; writes compare.md, compare.json)
   tinygrad-ckpt bench --profile    where a step's time goes, op by op, against its floor
-                                   (writes profile.md, profile.json)"""
+                                   (writes profile.md, profile.json)
+  tinygrad-ckpt bench --kinds      every model kind: a CNN, an LSTM, an encoder, a GPT
+                                   (writes kinds.md, kinds.json)"""
 
 
 def add_arguments(parser):
@@ -60,6 +64,12 @@ def add_arguments(parser):
     parser.add_argument("--profile", action="store_true",
                         help="instead: the time of each op kind in a step of this engine, forward and backward, "
                              "against its floor; writes profile.md and profile.json; see tinygrad_ckpt/bench/profile.py")
+    parser.add_argument("--kinds", action="store_true",
+                        help="instead: every model kind (a CNN, an LSTM language model, an encoder, a GPT) with no "
+                             "checkpointing, every link of its chain and sqrt(n) segments: saved activations, peak, "
+                             "step time and FLOPs on real arrays, and at full sizes on the meta device the largest "
+                             "micro-batch that fits a 16 GB V100; writes kinds.md and kinds.json; see "
+                             "tinygrad_ckpt/bench/kinds.py")
     parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="first ask glibc's malloc to keep what a step frees for the next step (the whole "
                              "process, every library in it; tinygrad_ckpt/allocator.py), instead of handing it back "
@@ -78,8 +88,8 @@ def run(args):
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     serialization.check_writable(args.output_dir)  # now, not after the first table
-    if args.compare and args.profile:
-        raise ValueError("--compare and --profile are two runs: choose one")
+    if args.compare + args.profile + args.kinds > 1:
+        raise ValueError("--compare, --profile and --kinds are separate runs: choose one")
     if args.device != "cpu" and not (args.compare or args.profile):
         raise ValueError("--device cuda is for --compare and --profile; the strategy bench runs on the CPU")
     if args.device != "cpu":
@@ -92,6 +102,8 @@ def run(args):
         return run_compare(args, workloads.SETS[name])
     if args.profile:
         return run_profile(args, workloads.SETS[name])
+    if args.kinds:
+        return run_kinds(args, name)
     config = strategies.SETS[name]
     if args.repeats is not None:
         config = replace(config, repeats=args.repeats)
@@ -192,4 +204,31 @@ def run_profile(args, sizes):
     figures = [{**r, "size": asdict(r["size"]), "ops": [{"op": op, "phase": phase, **v} for (op, phase), v in r["ops"].items()]}
                for r in results]
     write_json(os.path.join(args.output_dir, "profile.json"), {"workloads": figures, "notes": notes})
+    return 0
+
+
+def run_kinds(args, name):
+    """bench --kinds: every model kind (kinds.py); prints the two tables as they come, writes kinds.md and kinds.json."""
+    measured, full, budget = kinds.SETS[name]
+    repeats = args.repeats if args.repeats is not None else 5
+    lines, start = [], time.perf_counter()
+
+    def say(line):
+        lines.append(line)
+        print(line, flush=True)
+
+    with machine.limited_threads(args.threads) as threads:
+        say(f"tinygrad-ckpt bench --kinds: {name} set; BLAS threads: {threads['summary']}")
+        part1 = kinds.part1(measured, repeats, say)
+        say("")
+        part2 = kinds.part2(full, budget, say)
+    notes = [args.allocator, f"the {name} set took {time.perf_counter() - start:.0f} s on "
+             f"{machine.describe()['description']}"]
+    say("")
+    for note in notes:
+        say(note)
+    write_text(os.path.join(args.output_dir, "kinds.md"), "```\n" + "\n".join(lines) + "\n```\n")
+    write_json(os.path.join(args.output_dir, "kinds.json"), {"set": name, "part1": part1, "part2": part2,
+                                                             "budget_bytes": budget, "notes": notes})
+    print(f"wrote: {os.path.join(args.output_dir, 'kinds.md')}, {os.path.join(args.output_dir, 'kinds.json')}")
     return 0
