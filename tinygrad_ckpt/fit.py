@@ -69,6 +69,7 @@ formulas (activations.py), the planner (schedules.py), the command line (cli.py)
 
 import argparse
 import dataclasses
+import difflib
 import math
 import re
 from array import array
@@ -81,7 +82,7 @@ from .data import stack_collate
 from .nn.module import Parameter
 from .nn.transformer import GPT, GPTConfig
 from .ops.flops import op_flops
-from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints
+from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints, segment_bounds
 
 # GPT-2's four sizes: n_layer, n_head and n_embd as nanoGPT's GPT.from_pretrained loads
 # Hugging Face's gpt2, gpt2-medium, gpt2-large and gpt2-xl; vocabulary and context as
@@ -260,6 +261,7 @@ class StepMemory:
     recomputed_flops: int = 0
     points: list = field(default=None, repr=False)  # bytes at every check of memory.py, one column per category
     scratch_points: list = field(default=None, repr=False)  # the meta device's live bytes after every allocation
+    trace: tuple = field(default=None, repr=False)  # for the repeated-blocks shortcut: see _trace
 
 
 class _Recorder(memory.MemoryTracker):
@@ -272,21 +274,36 @@ class _Recorder(memory.MemoryTracker):
         self.policy = policy
         self.recomputed_flops = 0
         self.events = []  # the op events come to `event`, which keeps only their FLOPs
+        self.doing = ("start",)  # the last event: what the step is doing (op, phase, kind)
+        self.tracking = (0, None)  # the bytes and the category of the array `track` was given last
+        # At every check, for the repeated-blocks shortcut (_trace): what the step was doing and the array
+        # checked, and how many allocations of the meta device came before it.
+        self.labels, self.allocations = [], array("q")
+        self.live_at_start = 0  # the meta device's live bytes at the step's start
 
     def reset_peak(self):
         super().reset_peak()
         self.start = dict(self.current)
         self.points = [array("q", [self.current[c]]) for c in memory.CATEGORIES]
         meta.count.reset_peak()
+        self.live_at_start = meta.count.live
+        self.labels, self.allocations = [self.doing], array("q", [0])
+
+    def track(self, array, category=None):
+        self.tracking = (backend.storage(array).nbytes, category)
+        super().track(array, category)
 
     def _update_peak(self):
         super()._update_peak()
         if self.points is not None:
             for column, c in zip(self.points, memory.CATEGORIES):
                 column.append(self.current[c])
+            self.labels.append((self.doing, self.tracking))
+            self.allocations.append(len(meta.count.points))
 
     def event(self, op, phase=None, inputs=None, outputs=None, kind=None, **rest):
         self._made, self._freed = [], {}
+        self.doing = (op, phase or self.phase, kind)
         if (phase or self.phase) == "recompute" and outputs is not None and (
                 self.policy is None or self.policy(op) == policies.RECOMPUTE):
             self.recomputed_flops += op_flops(op, [a.shape for a in inputs], [o.shape for o in outputs])
@@ -353,8 +370,9 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
         memory.tracker = previous
     points = recorder.points
     highest = {c: max(column) for c, column in zip(memory.CATEGORIES, points)}
+    trace = (recorder.labels, recorder.allocations, count.sizes, recorder.live_at_start)
     return StepMemory(recorder.peak_total, dict(recorder.peak), highest, recorder.start, count.peak + constant,
-                      constant, recorder.recomputed_flops, points, count.points)
+                      constant, recorder.recomputed_flops, points, count.points, trace)
 
 
 def _enter(model, recorder, count):
@@ -383,7 +401,7 @@ def gpt_step(config, batch_size, seq_len, dtype="float32", checkpointing=None, a
     key = (repr(config), batch_size, seq_len, dtype, repr(checkpointing), accumulation_dtype, optim, device, autocast)
     return _kept(_STEPS, key, lambda: dataclasses.replace(
         _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast),
-        points=None, scratch_points=None))
+        points=None, scratch_points=None, trace=None))
 
 
 # The steps and profiles run so far, by what they depend on (not the GPU asked about): asking about
@@ -400,6 +418,20 @@ def _kept(store, key, make, size=64):
 
 
 def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast):
+    """The step with every check's bytes (StepMemory.points): from a few blocks where that is exact and
+    cheaper (_repeated_blocks_step), else run as it is."""
+    run = lambda config, checkpointing: _plain_step(  # noqa: E731 (the same step, another depth or plan)
+        config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast)
+    repeats = _Repeats.of(config.n_layer, checkpointing) if REPEATED_BLOCKS else None
+    if repeats is not None and repeats.worth_it():
+        step = _repeated_blocks_step(config, repeats, run)
+        if step is not None:
+            return step
+    return run(config, checkpointing)
+
+
+def _plain_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast):
+    """The step run as it is: estimate_step on a GPT of config's size."""
     model = GPT(config, dtype=_dtype(dtype), device="meta")
     args = dict(optim=optim, accumulation_dtype=accumulation_dtype, fp16=autocast == "float16",
                 bf16=autocast == "bfloat16")
@@ -407,6 +439,243 @@ def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dt
         args.update(gradient_checkpointing=True, gradient_checkpointing_kwargs=dict(checkpointing))
     tokens = ((batch_size, seq_len), numpy.int64)
     return estimate_step(model, {"input_ids": tokens, "labels": tokens}, None, args, device)
+
+
+# -- the second shortcut: identical blocks, run a few times ---------------------------------
+REPEATED_BLOCKS = True  # False: every step is run as it is (tests compare the two)
+
+
+@dataclass
+class _Repeats:
+    """A checkpointing plan as a head, a unit repeated `count` times, and a tail, in the chain's layers.
+
+    The chain is the blocks, or their halves with split_blocks (per_block
+    layers a block); the unit covers whole blocks (`unit_blocks`). at(copies)
+    is the same plan with `copies` units: a GPT of blocks(copies) blocks and
+    the checkpointing that goes with it.
+    """
+
+    checkpointing: dict  # as given (None: no checkpointing)
+    per_block: int
+    head: list  # segments (start, stop, how) before the first unit
+    unit: list  # the first unit's segments
+    count: int
+    tail: list  # segments after the last unit
+    unit_blocks: int
+    other_blocks: int  # the head's and the tail's
+
+    @classmethod
+    def of(cls, n_layer, checkpointing):
+        """The plan's longest run of a repeated unit; None if it has none (as sqrt(n)'s segments of 7 and 6)."""
+        if checkpointing is None:  # every block alike
+            return cls(None, 1, [], [], n_layer, [], 1, 0)
+        split = bool(checkpointing.get("split_blocks", False))
+        per_block = 2 if split else 1
+        try:
+            segments = segment_bounds(n_layer * per_block, checkpointing.get("segments", "every"))
+        except (TypeError, ValueError):  # the plain run says what is wrong
+            return None
+        best = None
+        for first in range(len(segments)):
+            if segments[first][0] % per_block:
+                continue
+            for size in range(1, (len(segments) - first) // 3 + 1):
+                width = segments[first + size - 1][1] - segments[first][0]
+                if width % per_block:
+                    continue
+                unit = segments[first:first + size]
+                count = 1
+                while segments[first + count * size:first + (count + 1) * size] == _shifted(unit, count * width):
+                    count += 1
+                if count >= 3 and (best is None or count * width > best[2] * best[3]):
+                    best = (first, size, count, width)
+        if best is None:
+            return None
+        first, size, count, width = best
+        return cls(checkpointing, per_block, segments[:first], segments[first:first + size], count,
+                   segments[first + count * size:], width // per_block, n_layer - count * width // per_block)
+
+    def blocks(self, copies):
+        return self.other_blocks + copies * self.unit_blocks
+
+    def at(self, copies):
+        """(blocks, checkpointing) of the plan with `copies` units."""
+        if self.checkpointing is None:
+            return copies, None
+        width = self.unit_blocks * self.per_block
+        segments = (self.head + [s for i in range(copies) for s in _shifted(self.unit, i * width)]
+                    + _shifted(self.tail, (copies - self.count) * width))
+        return self.blocks(copies), {**self.checkpointing, "segments": segments}
+
+    def worth_it(self):
+        """Are the three small runs (SMALL_COPIES) fewer blocks than the step's?"""
+        return sum(self.blocks(c) for c in SMALL_COPIES) < self.blocks(self.count) and self.count > SMALL_COPIES[-1]
+
+
+SMALL_COPIES = (3, 4, 5)  # the runs: the first two give the step, the third checks the prediction
+
+
+def _shifted(segments, by):
+    """Segments (start, stop, how), an inner plan's too, moved by `by` layers."""
+    return [(a + by, b + by, _shifted(how, by) if isinstance(how, list) else how) for a, b, how in segments]
+
+
+def _repeated_blocks_step(config, repeats, run):
+    """The step of config's blocks from steps of 3, 4 and 5 units of blocks; None where that is not exact.
+
+    See _trace and _extended for what is predicted and how. The steps of 3
+    and 4 units give the step of any number; the step of 5 units is
+    predicted from them and compared with its run, every check's bytes, what
+    made it, and the step's other figures: anything different, and None.
+    """
+    small = []
+    for copies in SMALL_COPIES:
+        blocks, checkpointing = repeats.at(copies)
+        small.append(run(dataclasses.replace(config, n_layer=blocks), checkpointing))
+    traces = [_trace(step) for step in small]
+    first, _, third = SMALL_COPIES
+    check = _extended(traces[0], traces[1], third - first)
+    if check is None or check[0] != traces[2][0] or not numpy.array_equal(check[1], traces[2][1]):
+        return None
+    # The step's other figures, each affine in the number of units too (checked the same way).
+    figures = numpy.array([[step.trace[3], step.constant_bytes, step.recomputed_flops]
+                           + [step.start[c] for c in memory.CATEGORIES] for step in small], dtype=numpy.int64)
+    if not (figures[2] - figures[1] == figures[1] - figures[0]).all():
+        return None
+    extended = _extended(traces[0], traces[1], repeats.count - first)
+    if extended is None:
+        return None
+    return _step_from_trace(extended, figures[0] + (repeats.count - first) * (figures[1] - figures[0]))
+
+
+def _trace(step):
+    """(labels, bytes) of every moment of a run step, in order: each check of memory.py and each allocation
+    of the meta device.
+
+    bytes: one row a moment, seven columns: a check's bytes by category
+    (memory.CATEGORIES), then an allocation's live bytes on the meta device
+    (the other columns 0). labels: what made the moment: ("check", the last
+    event (op, phase, kind) and the array checked (bytes, category)) or
+    ("allocation", the last check's label, the array's bytes). The labels
+    let two runs be matched moment by moment (_extended).
+    """
+    doing, allocations, sizes, _ = step.trace
+    checks = numpy.array(step.points, dtype=numpy.int64).T  # (checks, categories)
+    scratch = numpy.array(step.scratch_points, dtype=numpy.int64)
+    allocations = numpy.array(allocations, dtype=numpy.int64)  # allocations before each check
+    at_check = numpy.arange(len(checks)) + allocations  # where each check goes among all the moments
+    before = numpy.searchsorted(allocations, numpy.arange(len(scratch)), side="right")  # checks before each allocation
+    at_allocation = numpy.arange(len(scratch)) + before
+    values = numpy.zeros((len(checks) + len(scratch), len(memory.CATEGORIES) + 1), dtype=numpy.int64)
+    values[at_check, :-1] = checks
+    values[at_allocation, -1] = scratch
+    labels = [None] * len(values)
+    for i, where in enumerate(at_check.tolist()):
+        labels[where] = ("check", doing[i])
+    for i, where in enumerate(at_allocation.tolist()):
+        labels[where] = ("allocation", doing[before[i] - 1], sizes[i])
+    return labels, values
+
+
+def _extended(small, larger, more):
+    """The trace (_trace) of the step with `more` units beyond `small`'s, from `small`'s and `larger`'s
+    (one unit more); None if the two are not one unit apart in the way described here.
+
+    The labels say where `larger` has moments that `small` has not: each such
+    place (difflib's insertions) is one more copy of a unit's moments (a
+    block's forward, its backward, its gradients' accumulation, its
+    parameters' update), inside a run of copies. It is moved to a boundary
+    between two whole copies. Then, with `more` copies in each place:
+      * a moment of `small` changes by `more` times its change from `small`
+        to `larger` (every byte is affine in the number of blocks: a block
+        adds the same arrays);
+      * copies inside a run are affine in their position, as the copies run
+        step by step: copy e after the one before the place is that copy
+        plus e times the step from it to the one after.
+    Only the first and last copies of a run can be the highest, but all are
+    made: the step's figures come from them as from a run (_step_from_trace).
+    """
+    (a, va), (b, vb) = small, larger
+    places = []  # (place in `small`, length of a copy)
+    shift = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        if tag != "insert":
+            return None
+        # difflib may join the ends of two runs (a block's last gradient accumulated, then its
+        # parameters' first update): split the insertion where the copy before it ends.
+        inserted = b[j1:j2]
+        split = next((k for k in range(len(inserted) + 1) if a[max(0, i1 - k):i1] == inserted[:k]
+                      and a[i1:i1 + len(inserted) - k] == inserted[k:]), None)
+        if split is None:
+            return None
+        for copy in (inserted[:split], inserted[split:]):
+            if not copy:
+                continue
+            size = len(copy)
+            low = high = i1  # the places where the same copy could go (a run of copies)
+            while low > 0 and a[low - 1] == copy[(low - 1 - i1) % size]:
+                low -= 1
+            while high < len(a) and a[high] == copy[(high - i1) % size]:
+                high += 1
+            place = _place(va, low, high, size)
+            if place is None:
+                return None
+            places.append((place, size))
+            shift += size
+    places.sort()
+    if len(b) - len(a) != shift or any(p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):
+        return None
+    # Each moment's change from `small` to `larger`: moments before a place are matched as counted from the
+    # start, after it as counted from the end.
+    matched = numpy.arange(len(a))
+    for place, size in places:
+        matched[place:] += size
+    change = vb[matched] - va
+    labels, pieces, start = [], [], 0
+    for place, size in places:
+        labels += a[start:place]
+        pieces.append(va[start:place] + more * change[start:place])
+        before = va[place - size:place] + more * change[place - size:place]
+        step = va[place:place + size] - va[place - size:place]
+        for e in range(1, more + 1):
+            labels += a[place - size:place]
+            pieces.append(before + e * step)
+        start = place
+    labels += a[start:]
+    pieces.append(va[start:] + more * change[start:])
+    return labels, numpy.concatenate(pieces)
+
+
+def _place(values, low, high, size):
+    """Where, in a run of copies values[low:high] (as far as their labels go), one more copy goes: between
+    two whole copies, and next to a third in step with them (the run's first or last copy, or the parts
+    the labels let into the run, may differ: the first block's input is the embedding's output); None if
+    the run has no two whole copies."""
+    places = range(low + size, high - size + 1, size)
+    copy = lambda k: values[low + k * size:low + (k + 1) * size]  # noqa: E731
+    for k, place in enumerate(places, start=1):
+        for a, b, c in ((k - 2, k - 1, k), (k - 1, k, k + 1)):
+            if a >= 0 and low + (c + 1) * size <= high and numpy.array_equal(copy(b) - copy(a), copy(c) - copy(b)):
+                return place
+    return places[len(places) // 2] if places else None
+
+
+def _step_from_trace(trace, figures):
+    """The StepMemory of a trace (_trace), with the step's other figures: [the meta device's live bytes at
+    the start, constant_bytes, recomputed_flops, start by category]: as estimate_step reads them from a run."""
+    labels, values = trace
+    is_check = numpy.array([label[0] == "check" for label in labels])
+    checks, scratch = values[is_check, :-1], values[~is_check, -1]
+    live_at_start, constant, flops, *start = (int(x) for x in figures)
+    totals = checks.sum(axis=1)
+    first = int(totals.argmax())  # memory.py keeps the first of equal peaks
+    device = max(live_at_start, int(scratch.max()) if len(scratch) else 0) + constant
+    return StepMemory(int(totals[first]), dict(zip(memory.CATEGORIES, map(int, checks[first]))),
+                      dict(zip(memory.CATEGORIES, map(int, checks.max(axis=0)))),
+                      dict(zip(memory.CATEGORIES, start)), device, constant, flops,
+                      [checks[:, c] for c in range(checks.shape[1])], scratch)
 
 
 def _dtype(name):
@@ -522,7 +791,8 @@ def _profile(config, seq_len, kwargs):
     try:
         return StepProfile(one, two)
     except ValueError:  # 1 is not like the others (see StepProfile)
-        return StepProfile(two, run(3), batch=2, below={1: dataclasses.replace(one, points=None, scratch_points=None)})
+        return StepProfile(two, run(3), batch=2, below={1: dataclasses.replace(one, points=None, scratch_points=None,
+                                                                                trace=None)})
 
 
 # -- FLOPs ---------------------------------------------------------------------------------
