@@ -509,10 +509,13 @@ class _Repeats:
 
     def worth_it(self):
         """Are the three small runs (SMALL_COPIES) fewer blocks than the step's?"""
-        return sum(self.blocks(c) for c in SMALL_COPIES) < self.blocks(self.count) and self.count > SMALL_COPIES[-1]
+        return sum(self.blocks(c) for c in SMALL_COPIES) < self.blocks(self.count) and self.count > max(SMALL_COPIES)
 
 
-SMALL_COPIES = (3, 4, 5)  # the runs: the first two give the step, the third checks the prediction
+# The runs, in units: the steps of the first two give the step of any number; the third, one unit fewer
+# than the first, is predicted from them and compared with its run. (Three copies in the first: where the
+# first or the last copy of a run differs from the others, two are still in step.)
+SMALL_COPIES = (3, 4, 2)
 
 
 def _shifted(segments, by):
@@ -521,10 +524,10 @@ def _shifted(segments, by):
 
 
 def _repeated_blocks_step(config, repeats, run):
-    """The step of config's blocks from steps of 3, 4 and 5 units of blocks; None where that is not exact.
+    """The step of config's blocks from steps of 3, 4 and 2 units of blocks; None where that is not exact.
 
     See _trace and _extended for what is predicted and how. The steps of 3
-    and 4 units give the step of any number; the step of 5 units is
+    and 4 units give the step of any number; the step of 2 units is
     predicted from them and compared with its run, every check's bytes, what
     made it, and the step's other figures: anything different, and None.
     """
@@ -534,17 +537,18 @@ def _repeated_blocks_step(config, repeats, run):
         small.append(run(dataclasses.replace(config, n_layer=blocks), checkpointing))
     traces = [_trace(step) for step in small]
     first, _, third = SMALL_COPIES
-    check = _extended(traces[0], traces[1], third - first)
-    if check is None or check[0] != traces[2][0] or not numpy.array_equal(check[1], traces[2][1]):
+    places = _places(traces[0], traces[1])
+    if places is None:
+        return None
+    check = _extended(traces[0], traces[1], places, third - first)
+    if check[0] != traces[2][0] or not numpy.array_equal(check[1], traces[2][1]):
         return None
     # The step's other figures, each affine in the number of units too (checked the same way).
     figures = numpy.array([[step.trace[3], step.constant_bytes, step.recomputed_flops]
                            + [step.start[c] for c in memory.CATEGORIES] for step in small], dtype=numpy.int64)
-    if not (figures[2] - figures[1] == figures[1] - figures[0]).all():
+    if not (figures[2] == figures[0] + (third - first) * (figures[1] - figures[0])).all():
         return None
-    extended = _extended(traces[0], traces[1], repeats.count - first)
-    if extended is None:
-        return None
+    extended = _extended(traces[0], traces[1], places, repeats.count - first)
     return _step_from_trace(extended, figures[0] + (repeats.count - first) * (figures[1] - figures[0]))
 
 
@@ -577,27 +581,20 @@ def _trace(step):
     return labels, values
 
 
-def _extended(small, larger, more):
-    """The trace (_trace) of the step with `more` units beyond `small`'s, from `small`'s and `larger`'s
-    (one unit more); None if the two are not one unit apart in the way described here.
+def _places(small, larger):
+    """Where the trace (_trace) `larger`, of one unit more than `small`, has moments that `small` has
+    not: [(place in `small`, length of one copy)], or None if these are not copies in runs of copies.
 
-    The labels say where `larger` has moments that `small` has not: each such
-    place (difflib's insertions) is one more copy of a unit's moments (a
-    block's forward, its backward, its gradients' accumulation, its
-    parameters' update), inside a run of copies. It is moved to a boundary
-    between two whole copies. Then, with `more` copies in each place:
-      * a moment of `small` changes by `more` times its change from `small`
-        to `larger` (every byte is affine in the number of blocks: a block
-        adds the same arrays);
-      * copies inside a run are affine in their position, as the copies run
-        step by step: copy e after the one before the place is that copy
-        plus e times the step from it to the one after.
-    Only the first and last copies of a run can be the highest, but all are
-    made: the step's figures come from them as from a run (_step_from_trace).
+    The labels say where (difflib's insertions): each is one more copy of a
+    unit's moments (a block's forward, its backward, its gradients'
+    accumulation, its parameters' update), inside a run of copies. It is
+    moved to a boundary between two whole copies (_place).
     """
-    (a, va), (b, vb) = small, larger
+    (labels_a, va), (labels_b, _) = small, larger
+    ids = {}  # each label as a number: difflib compares them faster
+    a = [ids.setdefault(label, len(ids)) for label in labels_a]
+    b = [ids.setdefault(label, len(ids)) for label in labels_b]
     places = []  # (place in `small`, length of a copy)
-    shift = 0
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag == "equal":
             continue
@@ -623,10 +620,33 @@ def _extended(small, larger, more):
             if place is None:
                 return None
             places.append((place, size))
-            shift += size
     places.sort()
-    if len(b) - len(a) != shift or any(p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):
+    if len(b) - len(a) != sum(size for _, size in places) or any(
+            p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):
         return None
+    return places
+
+
+def _extended(small, larger, places, more):
+    """The trace (_trace) of the step with `more` units beyond `small`'s (-1: one fewer), from `small`'s and
+    `larger`'s (one unit more), whose copies go at `places` (_places).
+
+    With `more` copies at each place (or, for -1, the copy before each place
+    left out):
+      * a moment of `small` changes by `more` times its change from `small`
+        to `larger`, matched as counted from the start before the place and
+        from the end after it (every byte is affine in the number of blocks:
+        a block adds the same arrays);
+      * copies inside a run are affine in their position, as the copies run
+        step by step: copy e after the one before the place is that copy
+        plus e times the step from it to the one after.
+    All the copies are made, and the step's figures come from them as from a
+    run (_step_from_trace); being affine in their position, only a run's
+    first and last copies can be the highest.
+    """
+    if more < -1:
+        raise ValueError(f"more must be at least -1, got {more}")
+    (a, va), (_, vb) = small, larger
     # Each moment's change from `small` to `larger`: moments before a place are matched as counted from the
     # start, after it as counted from the end.
     matched = numpy.arange(len(a))
@@ -635,8 +655,9 @@ def _extended(small, larger, more):
     change = vb[matched] - va
     labels, pieces, start = [], [], 0
     for place, size in places:
-        labels += a[start:place]
-        pieces.append(va[start:place] + more * change[start:place])
+        kept = place if more >= 0 else place - size  # one unit fewer: the copy before the place goes
+        labels += a[start:kept]
+        pieces.append(va[start:kept] + more * change[start:kept])
         before = va[place - size:place] + more * change[place - size:place]
         step = va[place:place + size] - va[place - size:place]
         for e in range(1, more + 1):
