@@ -69,7 +69,6 @@ formulas (activations.py), the planner (schedules.py), the command line (cli.py)
 
 import argparse
 import dataclasses
-import difflib
 import math
 import re
 from array import array
@@ -585,46 +584,40 @@ def _places(small, larger):
     """Where the trace (_trace) `larger`, of one unit more than `small`, has moments that `small` has
     not: [(place in `small`, length of one copy)], or None if these are not copies in runs of copies.
 
-    The labels say where (difflib's insertions): each is one more copy of a
-    unit's moments (a block's forward, its backward, its gradients'
-    accumulation, its parameters' update), inside a run of copies. It is
-    moved to a boundary between two whole copies (_place).
+    The two are walked side by side while their labels agree. Where they
+    part, `larger` has one more copy of a unit's moments (a block's forward,
+    its backward, its gradients' accumulation, its parameters' update) at the
+    end of a run of copies: the shortest stretch that repeats what `small`
+    has just had and after which the two agree again (for LOOK_AHEAD
+    moments). Each is then moved to a boundary between two whole copies of
+    its run (_place).
     """
-    (labels_a, va), (labels_b, _) = small, larger
-    ids = {}  # each label as a number: difflib compares them faster
-    a = [ids.setdefault(label, len(ids)) for label in labels_a]
-    b = [ids.setdefault(label, len(ids)) for label in labels_b]
-    places = []  # (place in `small`, length of a copy)
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if tag == "equal":
+    (a, va), (b, _) = small, larger
+    places, i, j = [], 0, 0
+    while j < len(b):
+        if i < len(a) and a[i] == b[j]:
+            i, j = i + 1, j + 1
             continue
-        if tag != "insert":
+        size = next((r for r in range(1, i + 1)
+                     if b[j:j + r] == a[i - r:i] and b[j + r:j + r + LOOK_AHEAD] == a[i:i + LOOK_AHEAD]), None)
+        if size is None:
             return None
-        # difflib may join the ends of two runs (a block's last gradient accumulated, then its
-        # parameters' first update): split the insertion where the copy before it ends.
-        inserted = b[j1:j2]
-        split = next((k for k in range(len(inserted) + 1) if a[max(0, i1 - k):i1] == inserted[:k]
-                      and a[i1:i1 + len(inserted) - k] == inserted[k:]), None)
-        if split is None:
+        low = high = i  # the places where the same copy could go: the run of copies around i
+        while low > 0 and a[low - 1] == b[j + (low - 1 - i) % size]:
+            low -= 1
+        while high < len(a) and a[high] == b[j + (high - i) % size]:
+            high += 1
+        place = _place(va, low, high, size)
+        if place is None:
             return None
-        for copy in (inserted[:split], inserted[split:]):
-            if not copy:
-                continue
-            size = len(copy)
-            low = high = i1  # the places where the same copy could go (a run of copies)
-            while low > 0 and a[low - 1] == copy[(low - 1 - i1) % size]:
-                low -= 1
-            while high < len(a) and a[high] == copy[(high - i1) % size]:
-                high += 1
-            place = _place(va, low, high, size)
-            if place is None:
-                return None
-            places.append((place, size))
-    places.sort()
-    if len(b) - len(a) != sum(size for _, size in places) or any(
-            p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):
+        places.append((place, size))
+        j += size
+    if i != len(a) or any(p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):
         return None
     return places
+
+
+LOOK_AHEAD = 16  # moments after a copy that must agree again (a wrong match fails the check run, not the step)
 
 
 def _extended(small, larger, places, more):
