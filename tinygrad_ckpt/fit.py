@@ -42,9 +42,26 @@ accumulation, gradient checkpointing, both, or "does not fit even with both"
 and by how much, with the TrainingArguments line that does it.
 
 Two documented shortcuts of the run, each compared with the plain run in
-tests/test_fit.py: every array of a GPT's step is a + b x batch bytes, so the
+tests/test_fit.py. Every array of a GPT's step is a + b x batch bytes, so the
 step run at micro-batches 1 and 2 gives every batch size (StepProfile); on
 the CPU, where some ops work in pieces of a fixed size, each size is run.
+And a GPT's blocks are identical (_repeated_blocks_step): where the
+checkpointing is one unit of blocks repeated (none, every block, half
+blocks, the selective policy, the planner's pairs; not sqrt(n)'s segments
+of 7 and 6 blocks for 48), the step is run with 3 and 4 units, and each
+moment of the two runs (a check of memory.py, an allocation of the meta
+device) is matched by what made it. A block adds the same arrays, so a
+moment's bytes grow by the same amount with each unit, and the copies of a
+unit's moments (its forward, its backward, its gradients' accumulation, its
+update) grow by the same amount from one copy to the next: that gives every
+moment of the step with any number of units, and its figures are read from
+them as from a run. The step with 2 units is run too and must be what this
+predicts, to the byte and in what made each moment; else, or where the
+plan has no repeated unit, or where the small runs would not be fewer
+blocks than the step, the step is run as it is
+(test_a_step_of_many_blocks_from_steps_of_a_few_is_the_plain_run,
+test_the_repeated_blocks_shortcut_falls_back_to_the_plain_run,
+test_plan_training_s_table_is_the_same_with_the_shortcut_and_without).
 
 GPU presets are the total memory CUDA reports for each card (GPUS, each from
 a published report), less the CUDA context (DEFAULT_RESERVE); a size given
@@ -260,7 +277,9 @@ class StepMemory:
     recomputed_flops: int = 0
     points: list = field(default=None, repr=False)  # bytes at every check of memory.py, one column per category
     scratch_points: list = field(default=None, repr=False)  # the meta device's live bytes after every allocation
-    trace: tuple = field(default=None, repr=False)  # for the repeated-blocks shortcut: see _trace
+    # For the repeated-blocks shortcut (_trace): what made each check, the allocations before it, each
+    # allocation's bytes, the meta device's live bytes at the start.
+    trace: tuple = field(default=None, repr=False)
 
 
 class _Recorder(memory.MemoryTracker):
@@ -612,7 +631,8 @@ def _places(small, larger):
             return None
         places.append((place, size))
         j += size
-    if i != len(a) or any(p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):
+    places.sort()
+    if i != len(a) or any(p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):  # copies overlap
         return None
     return places
 
