@@ -11,7 +11,7 @@ The target: GPT-2 XL's table in about two seconds.
 
     python benchmarks/fit_speed.py
 
-About a minute. Exit status 1 if GPT-2 XL's slowest case takes more than TARGET_SECONDS.
+About half a minute. Exit status 1 if GPT-2 XL's slowest case takes more than TARGET_SECONDS.
 """
 
 import os
