@@ -284,7 +284,8 @@ class StepMemory:
 
 class _Recorder(memory.MemoryTracker):
     """memory.py's tracker, keeping from the step's start (train()'s reset_peak) the bytes by category at
-    every check, and the FLOPs of the ops a recompute runs (which a policy says to recompute)."""
+    every check, what made each check (for the repeated-blocks shortcut), and the FLOPs of the ops a
+    recompute runs (which a policy says to recompute)."""
 
     def __init__(self, policy):
         super().__init__()
