@@ -2,15 +2,16 @@
 
 Times plan_training (the whole table: six strategies, the planner, the
 recommendation; each strategy's step run twice on the meta device, at
-micro-batches 1 and 2, and the planner's once or more) for GPT-2's four
-sizes on a few GPUs, and prints them with the machine's load, since a busy
-machine is slower. Steps already run are kept (fit._STEPS, fit._PROFILES),
+micro-batches 1 and 2, and the planner's once or more; a step of many
+identical blocks from steps of a few, fit._repeated_blocks_step) for GPT-2's
+four sizes on a few GPUs, and prints them with the machine's load, since a
+busy machine is slower. Steps already run are kept (fit._STEPS, fit._PROFILES),
 so each case is timed from empty: the first query's time, not a repeat's.
 The target: GPT-2 XL's table in about two seconds.
 
     python benchmarks/fit_speed.py
 
-About a minute. Exit status 1 if GPT-2 XL's slowest case takes more than TARGET_SECONDS.
+About half a minute. Exit status 1 if GPT-2 XL's slowest case takes more than TARGET_SECONDS.
 """
 
 import os

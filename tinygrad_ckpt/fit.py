@@ -42,9 +42,26 @@ accumulation, gradient checkpointing, both, or "does not fit even with both"
 and by how much, with the TrainingArguments line that does it.
 
 Two documented shortcuts of the run, each compared with the plain run in
-tests/test_fit.py: every array of a GPT's step is a + b x batch bytes, so the
+tests/test_fit.py. Every array of a GPT's step is a + b x batch bytes, so the
 step run at micro-batches 1 and 2 gives every batch size (StepProfile); on
 the CPU, where some ops work in pieces of a fixed size, each size is run.
+And a GPT's blocks are identical (_repeated_blocks_step): where the
+checkpointing is one unit of blocks repeated (none, every block, half
+blocks, the selective policy, the planner's pairs; not sqrt(n)'s segments
+of 7 and 6 blocks for 48), the step is run with 3 and 4 units, and each
+moment of the two runs (a check of memory.py, an allocation of the meta
+device) is matched by what made it. A block adds the same arrays, so a
+moment's bytes grow by the same amount with each unit, and the copies of a
+unit's moments (its forward, its backward, its gradients' accumulation, its
+update) grow by the same amount from one copy to the next: that gives every
+moment of the step with any number of units, and its figures are read from
+them as from a run. The step with 2 units is run too and must be what this
+predicts, to the byte and in what made each moment; else, or where the
+plan has no repeated unit, or where the small runs would not be fewer
+blocks than the step, the step is run as it is
+(test_a_step_of_many_blocks_from_steps_of_a_few_is_the_plain_run,
+test_the_repeated_blocks_shortcut_falls_back_to_the_plain_run,
+test_plan_training_s_table_is_the_same_with_the_shortcut_and_without).
 
 GPU presets are the total memory CUDA reports for each card (GPUS, each from
 a published report), less the CUDA context (DEFAULT_RESERVE); a size given
@@ -81,7 +98,7 @@ from .data import stack_collate
 from .nn.module import Parameter
 from .nn.transformer import GPT, GPTConfig
 from .ops.flops import op_flops
-from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints
+from .schedules import LayerCost, Plan, describe, minimum_budget, plan_checkpoints, segment_bounds
 
 # GPT-2's four sizes: n_layer, n_head and n_embd as nanoGPT's GPT.from_pretrained loads
 # Hugging Face's gpt2, gpt2-medium, gpt2-large and gpt2-xl; vocabulary and context as
@@ -260,11 +277,15 @@ class StepMemory:
     recomputed_flops: int = 0
     points: list = field(default=None, repr=False)  # bytes at every check of memory.py, one column per category
     scratch_points: list = field(default=None, repr=False)  # the meta device's live bytes after every allocation
+    # For the repeated-blocks shortcut (_trace): what made each check, the allocations before it, each
+    # allocation's bytes, the meta device's live bytes at the start.
+    trace: tuple = field(default=None, repr=False)
 
 
 class _Recorder(memory.MemoryTracker):
     """memory.py's tracker, keeping from the step's start (train()'s reset_peak) the bytes by category at
-    every check, and the FLOPs of the ops a recompute runs (which a policy says to recompute)."""
+    every check, what made each check (for the repeated-blocks shortcut), and the FLOPs of the ops a
+    recompute runs (which a policy says to recompute)."""
 
     def __init__(self, policy):
         super().__init__()
@@ -272,21 +293,36 @@ class _Recorder(memory.MemoryTracker):
         self.policy = policy
         self.recomputed_flops = 0
         self.events = []  # the op events come to `event`, which keeps only their FLOPs
+        self.doing = ("start",)  # the last event: what the step is doing (op, phase, kind)
+        self.tracking = (0, None)  # the bytes and the category of the array `track` was given last
+        # At every check, for the repeated-blocks shortcut (_trace): what the step was doing and the array
+        # checked, and how many allocations of the meta device came before it.
+        self.labels, self.allocations = [], array("q")
+        self.live_at_start = 0  # the meta device's live bytes at the step's start
 
     def reset_peak(self):
         super().reset_peak()
         self.start = dict(self.current)
         self.points = [array("q", [self.current[c]]) for c in memory.CATEGORIES]
         meta.count.reset_peak()
+        self.live_at_start = meta.count.live
+        self.labels, self.allocations = [self.doing], array("q", [0])
+
+    def track(self, array, category=None):
+        self.tracking = (backend.storage(array).nbytes, category)
+        super().track(array, category)
 
     def _update_peak(self):
         super()._update_peak()
         if self.points is not None:
             for column, c in zip(self.points, memory.CATEGORIES):
                 column.append(self.current[c])
+            self.labels.append((self.doing, self.tracking))
+            self.allocations.append(len(meta.count.points))
 
     def event(self, op, phase=None, inputs=None, outputs=None, kind=None, **rest):
         self._made, self._freed = [], {}
+        self.doing = (op, phase or self.phase, kind)
         if (phase or self.phase) == "recompute" and outputs is not None and (
                 self.policy is None or self.policy(op) == policies.RECOMPUTE):
             self.recomputed_flops += op_flops(op, [a.shape for a in inputs], [o.shape for o in outputs])
@@ -353,8 +389,9 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
         memory.tracker = previous
     points = recorder.points
     highest = {c: max(column) for c, column in zip(memory.CATEGORIES, points)}
+    trace = (recorder.labels, recorder.allocations, count.sizes, recorder.live_at_start)
     return StepMemory(recorder.peak_total, dict(recorder.peak), highest, recorder.start, count.peak + constant,
-                      constant, recorder.recomputed_flops, points, count.points)
+                      constant, recorder.recomputed_flops, points, count.points, trace)
 
 
 def _enter(model, recorder, count):
@@ -383,7 +420,7 @@ def gpt_step(config, batch_size, seq_len, dtype="float32", checkpointing=None, a
     key = (repr(config), batch_size, seq_len, dtype, repr(checkpointing), accumulation_dtype, optim, device, autocast)
     return _kept(_STEPS, key, lambda: dataclasses.replace(
         _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast),
-        points=None, scratch_points=None))
+        points=None, scratch_points=None, trace=None))
 
 
 # The steps and profiles run so far, by what they depend on (not the GPU asked about): asking about
@@ -400,6 +437,20 @@ def _kept(store, key, make, size=64):
 
 
 def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast):
+    """The step with every check's bytes (StepMemory.points): from a few blocks where that is exact and
+    cheaper (_repeated_blocks_step), else run as it is."""
+    run = lambda config, checkpointing: _plain_step(  # noqa: E731 (the same step, another depth or plan)
+        config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast)
+    repeats = _Repeats.of(config.n_layer, checkpointing) if REPEATED_BLOCKS else None
+    if repeats is not None and repeats.worth_it():
+        step = _repeated_blocks_step(config, repeats, run)
+        if step is not None:
+            return step
+    return run(config, checkpointing)
+
+
+def _plain_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast):
+    """The step run as it is: estimate_step on a GPT of config's size."""
     model = GPT(config, dtype=_dtype(dtype), device="meta")
     args = dict(optim=optim, accumulation_dtype=accumulation_dtype, fp16=autocast == "float16",
                 bf16=autocast == "bfloat16")
@@ -407,6 +458,259 @@ def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dt
         args.update(gradient_checkpointing=True, gradient_checkpointing_kwargs=dict(checkpointing))
     tokens = ((batch_size, seq_len), numpy.int64)
     return estimate_step(model, {"input_ids": tokens, "labels": tokens}, None, args, device)
+
+
+# -- the second shortcut: identical blocks, run a few times ---------------------------------
+REPEATED_BLOCKS = True  # False: every step is run as it is (tests compare the two)
+
+
+@dataclass
+class _Repeats:
+    """A checkpointing plan as a head, a unit repeated `count` times, and a tail, in the chain's layers.
+
+    The chain is the blocks, or their halves with split_blocks (per_block
+    layers a block); the unit covers whole blocks (`unit_blocks`). at(copies)
+    is the same plan with `copies` units: a GPT of blocks(copies) blocks and
+    the checkpointing that goes with it.
+    """
+
+    checkpointing: dict  # as given (None: no checkpointing)
+    per_block: int
+    head: list  # segments (start, stop, how) before the first unit
+    unit: list  # the first unit's segments
+    count: int
+    tail: list  # segments after the last unit
+    unit_blocks: int
+    other_blocks: int  # the head's and the tail's
+
+    @classmethod
+    def of(cls, n_layer, checkpointing):
+        """The plan's longest run of a repeated unit; None if it has none (as sqrt(n)'s segments of 7 and 6)."""
+        if checkpointing is None:  # every block alike
+            return cls(None, 1, [], [], n_layer, [], 1, 0)
+        split = bool(checkpointing.get("split_blocks", False))
+        per_block = 2 if split else 1
+        try:
+            segments = segment_bounds(n_layer * per_block, checkpointing.get("segments", "every"))
+        except (TypeError, ValueError):  # the plain run says what is wrong
+            return None
+        best = None
+        for first in range(len(segments)):
+            if segments[first][0] % per_block:
+                continue
+            for size in range(1, (len(segments) - first) // 3 + 1):
+                width = segments[first + size - 1][1] - segments[first][0]
+                if width % per_block:
+                    continue
+                unit = segments[first:first + size]
+                count = 1
+                while segments[first + count * size:first + (count + 1) * size] == _shifted(unit, count * width):
+                    count += 1
+                if count >= 3 and (best is None or count * width > best[2] * best[3]):
+                    best = (first, size, count, width)
+        if best is None:
+            return None
+        first, size, count, width = best
+        return cls(checkpointing, per_block, segments[:first], segments[first:first + size], count,
+                   segments[first + count * size:], width // per_block, n_layer - count * width // per_block)
+
+    def blocks(self, copies):
+        return self.other_blocks + copies * self.unit_blocks
+
+    def at(self, copies):
+        """(blocks, checkpointing) of the plan with `copies` units."""
+        if self.checkpointing is None:
+            return copies, None
+        width = self.unit_blocks * self.per_block
+        segments = (self.head + [s for i in range(copies) for s in _shifted(self.unit, i * width)]
+                    + _shifted(self.tail, (copies - self.count) * width))
+        return self.blocks(copies), {**self.checkpointing, "segments": segments}
+
+    def worth_it(self):
+        """Are the three small runs (SMALL_COPIES) fewer blocks than the step's?"""
+        return sum(self.blocks(c) for c in SMALL_COPIES) < self.blocks(self.count) and self.count > max(SMALL_COPIES)
+
+
+# The runs, in units: the steps of the first two give the step of any number; the third, one unit fewer
+# than the first, is predicted from them and compared with its run. (Three copies in the first: where the
+# first or the last copy of a run differs from the others, two are still in step.)
+SMALL_COPIES = (3, 4, 2)
+
+
+def _shifted(segments, by):
+    """Segments (start, stop, how), an inner plan's too, moved by `by` layers."""
+    return [(a + by, b + by, _shifted(how, by) if isinstance(how, list) else how) for a, b, how in segments]
+
+
+def _repeated_blocks_step(config, repeats, run):
+    """The step of config's blocks from steps of 3, 4 and 2 units of blocks; None where that is not exact.
+
+    See _trace and _extended for what is predicted and how. The steps of 3
+    and 4 units give the step of any number; the step of 2 units is
+    predicted from them and compared with its run, every check's bytes, what
+    made it, and the step's other figures: anything different, and None.
+    """
+    small = []
+    for copies in SMALL_COPIES:
+        blocks, checkpointing = repeats.at(copies)
+        small.append(run(dataclasses.replace(config, n_layer=blocks), checkpointing))
+    traces = [_trace(step) for step in small]
+    first, _, third = SMALL_COPIES
+    places = _places(traces[0], traces[1])
+    if places is None:
+        return None
+    check = _extended(traces[0], traces[1], places, third - first)
+    if check[0] != traces[2][0] or not numpy.array_equal(check[1], traces[2][1]):
+        return None
+    # The step's other figures, each affine in the number of units too (checked the same way).
+    figures = numpy.array([[step.trace[3], step.constant_bytes, step.recomputed_flops]
+                           + [step.start[c] for c in memory.CATEGORIES] for step in small], dtype=numpy.int64)
+    if not (figures[2] == figures[0] + (third - first) * (figures[1] - figures[0])).all():
+        return None
+    extended = _extended(traces[0], traces[1], places, repeats.count - first)
+    return _step_from_trace(extended, figures[0] + (repeats.count - first) * (figures[1] - figures[0]))
+
+
+def _trace(step):
+    """(labels, bytes) of every moment of a run step, in order: each check of memory.py and each allocation
+    of the meta device.
+
+    bytes: one row a moment, seven columns: a check's bytes by category
+    (memory.CATEGORIES), then an allocation's live bytes on the meta device
+    (the other columns 0). labels: what made the moment: ("check", the last
+    event (op, phase, kind) and the array checked (bytes, category)) or
+    ("allocation", the last check's label, the array's bytes). The labels
+    let two runs be matched moment by moment (_extended).
+    """
+    doing, allocations, sizes, _ = step.trace
+    checks = numpy.array(step.points, dtype=numpy.int64).T  # (checks, categories)
+    scratch = numpy.array(step.scratch_points, dtype=numpy.int64)
+    allocations = numpy.array(allocations, dtype=numpy.int64)  # allocations before each check
+    at_check = numpy.arange(len(checks)) + allocations  # where each check goes among all the moments
+    before = numpy.searchsorted(allocations, numpy.arange(len(scratch)), side="right")  # checks before each allocation
+    at_allocation = numpy.arange(len(scratch)) + before
+    values = numpy.zeros((len(checks) + len(scratch), len(memory.CATEGORIES) + 1), dtype=numpy.int64)
+    values[at_check, :-1] = checks
+    values[at_allocation, -1] = scratch
+    labels = [None] * len(values)
+    for i, where in enumerate(at_check.tolist()):
+        labels[where] = ("check", doing[i])
+    for i, where in enumerate(at_allocation.tolist()):
+        labels[where] = ("allocation", doing[before[i] - 1], sizes[i])
+    return labels, values
+
+
+def _places(small, larger):
+    """Where the trace (_trace) `larger`, of one unit more than `small`, has moments that `small` has
+    not: [(place in `small`, length of one copy)], or None if these are not copies in runs of copies.
+
+    The two are walked side by side while their labels agree. Where they
+    part, `larger` has one more copy of a unit's moments (a block's forward,
+    its backward, its gradients' accumulation, its parameters' update) at the
+    end of a run of copies: the shortest stretch that repeats what `small`
+    has just had and after which the two agree again (for LOOK_AHEAD
+    moments). Each is then moved to a boundary between two whole copies of
+    its run (_place).
+    """
+    (a, va), (b, _) = small, larger
+    places, i, j = [], 0, 0
+    while j < len(b):
+        if i < len(a) and a[i] == b[j]:
+            i, j = i + 1, j + 1
+            continue
+        size = next((r for r in range(1, i + 1)
+                     if b[j:j + r] == a[i - r:i] and b[j + r:j + r + LOOK_AHEAD] == a[i:i + LOOK_AHEAD]), None)
+        if size is None:
+            return None
+        low = high = i  # the places where the same copy could go: the run of copies around i
+        while low > 0 and a[low - 1] == b[j + (low - 1 - i) % size]:
+            low -= 1
+        while high < len(a) and a[high] == b[j + (high - i) % size]:
+            high += 1
+        place = _place(va, low, high, size)
+        if place is None:
+            return None
+        places.append((place, size))
+        j += size
+    places.sort()
+    if i != len(a) or any(p + s > q - t for (p, s), (q, t) in zip(places, places[1:])):  # copies overlap
+        return None
+    return places
+
+
+LOOK_AHEAD = 16  # moments after a copy that must agree again (a wrong match fails the check run, not the step)
+
+
+def _extended(small, larger, places, more):
+    """The trace (_trace) of the step with `more` units beyond `small`'s (-1: one fewer), from `small`'s and
+    `larger`'s (one unit more), whose copies go at `places` (_places).
+
+    With `more` copies at each place (or, for -1, the copy before each place
+    left out):
+      * a moment of `small` changes by `more` times its change from `small`
+        to `larger`, matched as counted from the start before the place and
+        from the end after it (every byte is affine in the number of blocks:
+        a block adds the same arrays);
+      * copies inside a run are affine in their position, as the copies run
+        step by step: copy e after the one before the place is that copy
+        plus e times the step from it to the one after.
+    All the copies are made, and the step's figures come from them as from a
+    run (_step_from_trace); being affine in their position, only a run's
+    first and last copies can be the highest.
+    """
+    if more < -1:
+        raise ValueError(f"more must be at least -1, got {more}")
+    (a, va), (_, vb) = small, larger
+    # Each moment's change from `small` to `larger`: moments before a place are matched as counted from the
+    # start, after it as counted from the end.
+    matched = numpy.arange(len(a))
+    for place, size in places:
+        matched[place:] += size
+    change = vb[matched] - va
+    labels, pieces, start = [], [], 0
+    for place, size in places:
+        kept = place if more >= 0 else place - size  # one unit fewer: the copy before the place goes
+        labels += a[start:kept]
+        pieces.append(va[start:kept] + more * change[start:kept])
+        before = va[place - size:place] + more * change[place - size:place]
+        step = va[place:place + size] - va[place - size:place]
+        for e in range(1, more + 1):
+            labels += a[place - size:place]
+            pieces.append(before + e * step)
+        start = place
+    labels += a[start:]
+    pieces.append(va[start:] + more * change[start:])
+    return labels, numpy.concatenate(pieces)
+
+
+def _place(values, low, high, size):
+    """Where, in a run of copies values[low:high] (as far as their labels go), one more copy goes: between
+    two whole copies, and next to a third in step with them (the run's first or last copy, or the parts
+    the labels let into the run, may differ: the first block's input is the embedding's output); None if
+    the run has no two whole copies."""
+    places = range(low + size, high - size + 1, size)
+    copy = lambda k: values[low + k * size:low + (k + 1) * size]  # noqa: E731
+    for k, place in enumerate(places, start=1):
+        for a, b, c in ((k - 2, k - 1, k), (k - 1, k, k + 1)):
+            if a >= 0 and low + (c + 1) * size <= high and numpy.array_equal(copy(b) - copy(a), copy(c) - copy(b)):
+                return place
+    return places[len(places) // 2] if places else None
+
+
+def _step_from_trace(trace, figures):
+    """The StepMemory of a trace (_trace), with the step's other figures: [the meta device's live bytes at
+    the start, constant_bytes, recomputed_flops, start by category]: as estimate_step reads them from a run."""
+    labels, values = trace
+    is_check = numpy.array([label[0] == "check" for label in labels])
+    checks, scratch = values[is_check, :-1], values[~is_check, -1]
+    live_at_start, constant, flops, *start = (int(x) for x in figures)
+    totals = checks.sum(axis=1)
+    first = int(totals.argmax())  # memory.py keeps the first of equal peaks
+    device = max(live_at_start, int(scratch.max()) if len(scratch) else 0) + constant
+    return StepMemory(int(totals[first]), dict(zip(memory.CATEGORIES, map(int, checks[first]))),
+                      dict(zip(memory.CATEGORIES, map(int, checks.max(axis=0)))),
+                      dict(zip(memory.CATEGORIES, start)), device, constant, flops,
+                      [checks[:, c] for c in range(checks.shape[1])], scratch)
 
 
 def _dtype(name):
@@ -522,7 +826,8 @@ def _profile(config, seq_len, kwargs):
     try:
         return StepProfile(one, two)
     except ValueError:  # 1 is not like the others (see StepProfile)
-        return StepProfile(two, run(3), batch=2, below={1: dataclasses.replace(one, points=None, scratch_points=None)})
+        return StepProfile(two, run(3), batch=2, below={1: dataclasses.replace(one, points=None, scratch_points=None,
+                                                                                trace=None)})
 
 
 # -- FLOPs ---------------------------------------------------------------------------------

@@ -87,17 +87,19 @@ def _needs_values(what):
 
 # -- the count of live bytes -------------------------------------------------------
 class Count:
-    """Live bytes of meta arrays, their highest point, and (if asked) the live bytes after every allocation."""
+    """Live bytes of meta arrays, their highest point, and (if asked) the live bytes after every allocation
+    and its size."""
 
     def __init__(self, points=False):
         self.live = 0  # bytes
         self.peak = 0
         self.points = _array.array("q") if points else None
+        self.sizes = _array.array("q") if points else None
 
     def reset_peak(self):
         self.peak = self.live
         if self.points is not None:
-            self.points = _array.array("q")
+            self.points, self.sizes = _array.array("q"), _array.array("q")
 
 
 count = Count()
@@ -107,7 +109,7 @@ count = Count()
 def counting(points=False, stands_in_for=None):
     """A fresh Count for the meta arrays made inside (arrays made before are not in it).
 
-    points: keep the live bytes after every allocation (Count.points).
+    points: keep the live bytes after every allocation and its size (Count.points, Count.sizes).
     stands_in_for: "cuda" or "cpu" for the meta device inside (see `like`).
     """
     global count, like
@@ -163,6 +165,7 @@ class ndarray:
                 count.peak = count.live
             if count.points is not None:
                 count.points.append(count.live)
+                count.sizes.append(self.nbytes)
 
     def __del__(self):
         if self._count is not None:
