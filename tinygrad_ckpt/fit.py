@@ -321,7 +321,7 @@ class _Recorder(memory.MemoryTracker):
             self.allocations.append(len(meta.count.points))
 
     def event(self, op, phase=None, inputs=None, outputs=None, kind=None, **rest):
-        self._made, self._freed = [], {}
+        self._made, self._freed = [], {}  # what the tracker gathers for a timeline point: none is kept here
         self.doing = (op, phase or self.phase, kind)
         if (phase or self.phase) == "recompute" and outputs is not None and (
                 self.policy is None or self.policy(op) == policies.RECOMPUTE):

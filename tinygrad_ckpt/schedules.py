@@ -221,10 +221,10 @@ def measure_layers(layers, x, repeats=2, cost="time", reads=()):
                     if id(base) not in left_out:
                         saved[id(base)] = base.nbytes
         in_ids = {id(backend.storage(t.data)): backend.storage(t.data).nbytes for t in inputs}
-        if costs and shared:  # what the previous layer saved of its output and this one saves too
-            both = [k for k in shared if k in saved]
-            costs[-1].saved_bytes -= sum(shared[k] for k in both)
-            costs[-1].shared_output_bytes = sum(shared[k] for k in both)
+        if costs:  # what the previous layer saved of its output and this one saves too: counted here, once
+            again = sum(nbytes for k, nbytes in shared.items() if k in saved)
+            costs[-1].saved_bytes -= again
+            costs[-1].shared_output_bytes = again
         saves_input = all(k in saved for k in in_ids)
         if saves_input:
             for k in in_ids:
