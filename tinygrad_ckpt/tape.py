@@ -427,7 +427,7 @@ class GradientTask:
         deferred, self.deferred = self.deferred, {}
         for t, g, ours in deferred.values():
             if t._hooks:
-                g = _call_hooks(t._hooks, g, "a leaf tensor's hook")
+                g = _call_hooks(t._hooks, g, f"a hook on a leaf tensor of shape {tuple(t.shape)}")
                 ours = ours and not _placed(g, seen)
             if self.capture:
                 self.captured[id(t)] = g if ours else g.copy()
@@ -563,8 +563,11 @@ class RemovableHandle:
         self.hooks, self.hook = hooks, hook
 
     def remove(self):
-        if self.hooks is not None and any(h is self.hook for h in self.hooks):
-            self.hooks.remove(self.hook)
+        """Take this hook off; by identity, so an equal hook registered beside it stays (list.remove uses ==)."""
+        for i, h in enumerate(self.hooks or ()):
+            if h is self.hook:
+                del self.hooks[i]
+                return
 
 
 def register_hook(t, hook):
