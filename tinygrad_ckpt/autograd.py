@@ -64,8 +64,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     sequence, each requiring grad (leaves or computed tensors). An input the
     outputs do not depend on is an error, or None with allow_unused=True.
     retain_graph: keep the saved arrays for another backward (default
-    create_graph, so False). create_graph=True is not supported (see the
-    module docstring).
+    create_graph, so False); without it, a second call through the same
+    records is an error naming this call and the record (PyTorch's "Trying
+    to backward through the graph a second time"). create_graph=True is not
+    supported (see the module docstring).
     """
     _no_create_graph(create_graph, "autograd.grad")
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)

@@ -47,6 +47,11 @@ non-reentrant checkpoint does not push "no hooks": its recompute runs under
 saved-tensor hooks of its own (`_recomputation_hook` in
 torch/utils/checkpoint.py), which pack what it saves into the forward's
 handles; being innermost, they too keep the caller's hooks out.
+What the hooks must keep: pack must not change its tensor in place (it is
+the array backward reads; PyTorch refuses that too), and unpack must give
+back a tensor of the saved array's shape and device, and of its dtype or
+another floating one. Each is an error naming the hook and the record,
+before the op's backward could fail with NumPy's message instead.
 
 0-d results: NumPy hands back a scalar (numpy.float64), not a 0-d array, from
 most operations on 0-d arrays. `run_forward` and `run_backward` are the one

@@ -46,12 +46,19 @@ its record, per output, so they outlive the tensor, as PyTorch's do on its
 grad_fn; the walk calls them with the tensor's whole gradient just before
 the record's backward runs. A leaf's hooks live on the leaf; the task calls
 them once, with the leaf's whole gradient of this call, when the walk ends.
+A hook gets its gradient read-only, as PyTorch's register_hook docstring
+asks ("The hook should not modify its argument"): the array may be another
+record's gradient too (Add hands one array to both its inputs). One that
+writes to it is refused, by name; it returns the new gradient instead.
 
 Checks the walk makes, each raising before it runs a record's backward,
 each one line in the walk and living with its own concept:
   * a saved array whose tensor was modified in place since it was saved
     (versions.py): PyTorch's "modified by an inplace operation" error;
-  * a record whose saved arrays a first backward already freed;
+  * a record whose saved arrays a first backward already freed: PyTorch's
+    "Trying to backward through the graph a second time", naming the call
+    and the record (a call for some inputs walks such a record rather than
+    prune it: its edges are gone, so where it led is unknown);
   * a gradient of the wrong shape or dtype from a backward
     (`validate_gradients`, PyTorch's validate_outputs);
   * in anomaly mode, a gradient that is NaN or infinite (anomaly.py).
