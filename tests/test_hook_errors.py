@@ -295,3 +295,12 @@ def test_a_handle_removes_its_own_hook_not_an_equal_one(on, remove_first):
     (second if remove_first else first).remove()
     (t * 1.0).sum().backward()
     numpy.testing.assert_array_equal(x.grad.numpy(), numpy.ones(2))  # both hooks are off
+
+
+def test_a_gradient_a_hook_returns_as_a_view_is_copied_before_it_is_handed_out():
+    """The hook's argument is read-only; a view of it that the hook returns is not handed on as someone's own."""
+    x = leaf((3,))
+    x.register_hook(lambda g: g[...])
+    (g,) = autograd.grad((x * x).sum(), [x])
+    g.data += 1  # writable, and nobody else's
+    numpy.testing.assert_array_equal(g.numpy(), 2 * x.numpy() + 1)

@@ -435,7 +435,7 @@ class GradientTask:
         for t, g, ours in deferred.values():
             if t._hooks:
                 g = _call_hooks(t._hooks, g, f"a hook on a leaf tensor of shape {tuple(t.shape)}")
-                ours = ours and not _placed(g, seen)
+                ours = ours and g.base is None and not _placed(g, seen)  # a view: of the read-only gradient, say
             if self.capture:
                 self.captured[id(t)] = g if ours else g.copy()
             else:
