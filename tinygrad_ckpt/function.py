@@ -352,7 +352,7 @@ def pack_saved(pack_hook, t):
     packed = _run_hook(pack_hook, t)
     if t._version != version:
         raise RuntimeError(
-            f"saved_tensors_hooks: the pack hook {_hook_name(pack_hook)} is modifying its input in place. "
+            f"saved_tensors_hooks: the pack hook {tape.hook_name(pack_hook)} is modifying its input in place. "
             "Tensors provided as input to pack hook can not be modified by in-place operations as this can "
             "lead to unexpected side-effects (it is the array backward reads). Pack a copy: t.clone()")
     counted = [held.data for held in _tensors_in(packed) if held.device == t.device]
@@ -390,13 +390,13 @@ def unpack_saved(unpack_hook, packed, what="an op", position=0, expected=None):
     t = _run_hook(unpack_hook, packed)
     if not isinstance(t, Tensor):
         raise TypeError(f"saved_tensors_hooks: Output of saved tensor unpack_hook expected to be a Tensor but got "
-                        f"result of type {type(t).__name__} (the unpack hook {_hook_name(unpack_hook)}, for the "
+                        f"result of type {type(t).__name__} (the unpack hook {tape.hook_name(unpack_hook)}, for the "
                         f"array {what} saved at position {position})")
     if expected is not None:
         got = _metadata(t.data)
         if got[0] != expected[0] or got[2] != expected[2] or not _same_kind(got[1], expected[1]):
             raise RuntimeError(
-                f"saved_tensors_hooks: the unpack hook {_hook_name(unpack_hook)} returned a tensor with different "
+                f"saved_tensors_hooks: the unpack hook {tape.hook_name(unpack_hook)} returned a tensor with different "
                 f"metadata than the array {what} saved at position {position}:\n"
                 f"saved metadata: {_describe_metadata(expected)}\nunpacked metadata: {_describe_metadata(got)}\n"
                 "An unpack hook gives back the tensor its pack hook was given: the same shape and device, and "
@@ -421,10 +421,6 @@ def _same_kind(got, saved):
 
     return got == saved or (floating(got) and floating(saved))
 
-
-def _hook_name(hook):
-    """How errors name a hook: its qualified name ('unpack', 'Offload.unpack', '<lambda>')."""
-    return repr(getattr(hook, "__qualname__", None) or type(hook).__name__)
 
 
 def _alias(a, tensors):

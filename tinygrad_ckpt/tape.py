@@ -660,10 +660,14 @@ def _read_only(g):
     return view
 
 
+def hook_name(hook):
+    """How errors name a hook: its qualified name, quoted ('unpack', 'Offload.unpack', '<lambda>')."""
+    return repr(getattr(hook, "__qualname__", None) or type(hook).__name__)
+
+
 def _raise_hook_wrote(what, hook):
-    name = getattr(hook, "__qualname__", None) or type(hook).__name__
     raise RuntimeError(
-        f"{what} ({name!r}) modified its gradient in place. The hook should not modify its argument (it may be "
+        f"{what} ({hook_name(hook)}) modified its gradient in place. The hook should not modify its argument (it may be "
         "shared: another record's gradient, or the one passed to backward), but it can return a new gradient "
         "which will be used in its place: return grad * 10, not grad.mul_(10)") from None
 
