@@ -422,7 +422,6 @@ def _same_kind(got, saved):
     return got == saved or (floating(got) and floating(saved))
 
 
-
 def _alias(a, tensors):
     """A Tensor of array `a` that shares the version counter of the input or output it belongs to."""
     from .tensor import Tensor  # imported here: tensor.py imports this module
