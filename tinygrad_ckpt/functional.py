@@ -205,6 +205,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     padding='valid' is 0; padding='same' (stride 1 only) keeps H and W, as PyTorch's: the
     dilation (k - 1) padded pixels are split evenly, the odd one at the end (bottom, right).
     """
+    if isinstance(padding, str) and padding not in ("valid", "same"):
+        raise ValueError(f"conv2d: invalid padding string {padding!r}, should be one of 'same', 'valid' "
+                         "(or an int, or a pair of ints)")
     if padding == "valid":
         padding = 0
     elif padding == "same":
