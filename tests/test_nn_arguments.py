@@ -79,6 +79,7 @@ def test_numpy_integers_are_taken_where_ints_are():
     assert lstm(ones(4, 2, 3))[0].shape == (4, 2, 5)
     assert nn.LSTMCell(i(3), i(5))(ones(2, 3))[0].shape == (2, 5)
     assert F.max_pool2d(ones(1, 1, 4, 4), i(2)).shape == (1, 1, 2, 2)
+    assert F.layer_norm(ones(2, 4), i(4)).shape == nn.LayerNorm(i(4))(ones(2, 4)).shape == (2, 4)
 
 
 @given(value=st.integers(-3, 0), which=st.sampled_from(["in_features", "out_features"]))
@@ -207,6 +208,12 @@ def test_lstm_state_of_another_dtype_is_a_clear_error():
         lstm(x, (h, c))
     with pytest.raises(TypeError, match=r"LSTM: c_0 is float64"):
         lstm(x, (c, h))
+
+
+def test_lstm_cell_state_of_another_dtype_is_a_clear_error():
+    h = Tensor(numpy.zeros((2, 5), dtype=numpy.float64))
+    with pytest.raises(TypeError, match=r"LSTMCell: h is float64, the parameters are float32"):
+        nn.LSTMCell(3, 5)(ones(2, 3), (h, h))
 
 
 def _torch_lstm(torch, *args, **kwargs):

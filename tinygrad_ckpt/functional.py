@@ -5,6 +5,8 @@ handling: flattening (B, T, C) logits for cross-entropy, drawing a dropout
 mask from a generator, defaulting layer-norm's weight and bias.
 """
 
+import numbers
+
 import numpy
 
 from . import backend, random
@@ -85,7 +87,9 @@ def log_softmax(x, axis=-1):
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Layer norm over the last axis; `normalized_shape` must be (C,)."""
-    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if isinstance(normalized_shape, numbers.Integral):  # a NumPy integer too
+        normalized_shape = (int(normalized_shape),)
+    normalized_shape = tuple(int(n) for n in normalized_shape)
     if normalized_shape != x.shape[-1:]:
         raise ValueError(
             f"layer_norm normalises over the last axis only: normalized_shape {normalized_shape} "

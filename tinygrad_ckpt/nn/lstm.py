@@ -128,6 +128,9 @@ class LSTMCell(Module):
         for name, t in (("h", h), ("c", c)):
             if t.shape != shape:
                 raise ValueError(f"LSTMCell: expected {name} of shape {shape} (batch, hidden_size), got {t.shape}")
+            if t.dtype != self.weight_hh.dtype:
+                raise TypeError(f"LSTMCell: {name} is {t.dtype}, the parameters are {self.weight_hh.dtype}; convert "
+                                f"the state with {name}.to(dtype=...)")
         return lstm_cell(x, h, c, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
 
     def extra_repr(self):

@@ -541,7 +541,8 @@ class Hardswish(Function):
     def forward(ctx, x):
         ctx.save_for_backward(x)
         w = wide(x)
-        return narrow(w * (_clamp(w + 3, 0, 6) / 6), x.dtype)  # x (relu6 / 6): no overflow at float32's top
+        with numpy.errstate(over="ignore"):  # PyTorch's order: inf where x * 6 overflows, as there
+            return narrow(w * _clamp(w + 3, 0, 6) / 6, x.dtype)
 
     @staticmethod
     def backward(ctx, g):
