@@ -140,6 +140,16 @@ def test_pooling_refuses_zero_channels_and_takes_an_empty_batch(pool):
     assert x.grad.shape == (0, 3, 4, 4)
 
 
+def test_the_cnn_takes_an_empty_batch():
+    """Conv2d, BatchNorm2d, pooling and Flatten each take N = 0, so the CNN does, forward and backward."""
+    model = nn.CNN(nn.CNNConfig(image_size=8, widths=(4, 8), convs_per_stage=1))
+    x = Tensor(numpy.ones((0, 3, 8, 8), dtype=numpy.float32), requires_grad=True)
+    logits, _ = model(x)
+    assert logits.shape == (0, 10)
+    logits.sum().backward()
+    assert x.grad.shape == (0, 3, 8, 8)
+
+
 def test_pooling_shapes_agree_with_torch():
     torch = pytest.importorskip("torch")
     for f in ("max_pool2d", "avg_pool2d"):

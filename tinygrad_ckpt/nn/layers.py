@@ -4,7 +4,12 @@ Each layer owns its Parameters, draws their initial values from an explicit
 numpy Generator (`rng`; the package's default generator when None, see
 random.py), and calls one function of F in `forward`. Values are drawn on the
 host in float64 and then cast and copied to the device, so the same seed
-gives the same model in float32 and float64, on CPU and GPU.
+gives the same model in float32 and float64, on CPU and GPU. On the meta
+device nothing is drawn and nothing is made on the host: parameters and
+buffers are arrays with a shape and no values (tests/test_nn_meta.py).
+
+Sizes and options are checked where they are given, as PyTorch's layers
+check them (`size`: an int or a NumPy integer, at least 1).
 
 Initialisation follows PyTorch unless `init_std` is given: Linear is
 U(-1/sqrt(in_features), 1/sqrt(in_features)) for weight and bias, Embedding
@@ -252,7 +257,8 @@ class Flatten(Module):
         start, end = self.start_dim % x.ndim, self.end_dim % x.ndim
         if start > end:
             raise ValueError(f"Flatten: start_dim {self.start_dim} comes after end_dim {self.end_dim} for a {x.ndim}-D input")
-        return x.reshape(x.shape[:start] + (-1,) + x.shape[end + 1:])  # a view where NumPy can make one
+        flat = math.prod(x.shape[start:end + 1])  # not -1, which an empty batch leaves undetermined
+        return x.reshape(x.shape[:start] + (flat,) + x.shape[end + 1:])  # a view where NumPy can make one
 
     def extra_repr(self):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
