@@ -100,7 +100,7 @@ FORWARD = {  # name: (our function, its formula)
     "tanh": (F.tanh, numpy.tanh),
     "softplus": (F.softplus, _softplus),
     "mish": (F.mish, lambda x: x * numpy.tanh(_softplus(x))),
-    "hardswish": (F.hardswish, lambda x: x * (numpy.clip(x + 3, 0, 6) / 6)),
+    "hardswish": (F.hardswish, lambda x: x * numpy.clip(x + 3, 0, 6) / 6),
     "leaky_relu": (F.leaky_relu, lambda x: numpy.where(x > 0, x, x * 0.01)),
     "relu6": (F.relu6, lambda x: numpy.clip(x, 0, 6)),
 }
@@ -190,6 +190,24 @@ def test_softmax_and_its_gradient_round_once(dtype_name, data):
     assert_rounded_once(t.grad.data, dx, dtype, f"dsoftmax({dtype_name})", atol=4 * 2.0**-23 * numpy.abs(g32).max())
 
 
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@given(data=st.data())
+def test_log_softmax_and_its_gradient_round_once(dtype_name, data):
+    dtype = DTYPES[dtype_name]
+    x = data.draw(values(dtype_name, 60.0).filter(lambda r: len(r) >= 2))[None]  # (1, width)
+    g = numpy.linspace(-1, 1, x.size).reshape(x.shape).astype(dtype)
+    t = Tensor(x, requires_grad=True)
+    y = F.log_softmax(t)
+    y.backward(Tensor(g))
+    x32, g32 = x.astype(numpy.float32), g.astype(numpy.float32)
+    shifted = x32 - x32.max(axis=-1, keepdims=True)
+    expected = shifted - numpy.log(numpy.exp(shifted).sum(axis=-1, keepdims=True))
+    # a difference of terms of size |x|: float32's own error is a few of its steps of that size
+    assert_rounded_once(y.data, expected, dtype, f"log_softmax({dtype_name})", atol=float32_error(x).max())
+    dx = g32 - numpy.exp(y.data.astype(numpy.float32)) * g32.sum(axis=-1, keepdims=True)  # from the saved output
+    assert_rounded_once(t.grad.data, dx, dtype, f"dlog_softmax({dtype_name})", atol=4 * 2.0**-23 * x.shape[-1])
+
+
 def test_bfloat16_softmax_backward_under_autocast(monkeypatch):
     """Tutorial 11's exercise 2: Softmax moved out of autocast's FLOAT32 list runs in bfloat16, and its
     backward (an einsum, which refuses bfloat16) works, giving float32's gradient to bfloat16's precision."""
@@ -247,8 +265,8 @@ TORCH_NAMES = {"gelu_none": ("gelu", {}), "gelu_tanh": ("gelu", {"approximate": 
 def test_forward_and_gradient_match_torch(name, dtype_name, data):
     torch = pytest.importorskip("torch")
     dtype = DTYPES[dtype_name]
-    # |x| <= 65504 in both dtypes: above it PyTorch's float32 formulas overflow where ours do not (hardswish's
-    # x * 6, inf at 5.7e37 in bfloat16); the float32 reference above covers ours there.
+    # |x| <= 65504 in both dtypes: torch's exact GELU is inf at bfloat16's top, where ours is x; the float32
+    # reference above covers ours there.
     x = data.draw(values(dtype_name, 65504.0))
     function, kwargs = TORCH_NAMES[name]
     tx = torch.tensor(x.astype(numpy.float32)).to(getattr(torch, dtype_name)).requires_grad_()

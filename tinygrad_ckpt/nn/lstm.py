@@ -77,8 +77,8 @@ from dataclasses import dataclass
 import numpy
 
 from .. import backend, random
-from ..autocast import is_float
 from .. import functional as F
+from ..autocast import is_float
 from ..checkpoint import ChainCheckpointing, checkpoint
 from ..schedules import Plan, measure_layers, segment_bounds
 from ..tensor import Tensor
