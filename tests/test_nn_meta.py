@@ -78,3 +78,14 @@ def test_the_generator_is_not_drawn_from_on_meta():
     nn.LSTM(4, 8, rng=rng, device="meta")
     nn.Linear(4, 8, rng=rng, device="meta")
     assert rng.random() == numpy.random.default_rng(0).random()
+
+
+def test_layers_made_on_meta_run_forward_on_meta():
+    """A cumulative BatchNorm's count has no value on meta, and its forward does not ask for one."""
+    x = nn.Conv2d(3, 4, 3, padding=1, device="meta")(tinygrad_ckpt.Tensor(numpy.empty((2, 3, 8, 8), numpy.float32),
+                                                                           device="meta"))
+    out = nn.BatchNorm2d(4, momentum=None, device="meta")(x)
+    assert out.shape == (2, 4, 8, 8) and out.device == "meta"
+    output, (h_n, _) = nn.LSTM(3, 5, 2, device="meta")(
+        tinygrad_ckpt.Tensor(numpy.empty((4, 2, 3), numpy.float32), device="meta"))
+    assert output.shape == (4, 2, 5) and h_n.shape == (2, 2, 5)
