@@ -49,6 +49,9 @@ What the Trainer guards, so that a run never loses a good state:
   - with detect_anomaly=True the steps run in anomaly mode (autograd.py):
     the first op whose output or gradient is NaN or infinite stops the run
     with FloatingPointError, naming the op and the line of code that made it.
+    With fp16 too, a gradient that overflows in the scaled loss's backward
+    (and a NaN made from it) is the GradScaler's to skip, not an anomaly
+    (detect_anomaly(loss_scaling=True)); a NaN from finite gradients is.
 
 Mixed precision (fp16=True or bf16=True, Hugging Face's names): the forward
 and the loss run under autocast (autocast.py): matrix products in 16 bits,
@@ -93,7 +96,7 @@ from .accumulate import GradientAccumulator
 from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
-from .grad_scaler import GradScaler
+from .grad_scaler import GradScaler, state_problem
 from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
 from .serialization import CheckpointFileError
 from .tape import no_grad
@@ -392,8 +395,10 @@ def verify_checkpoint(path):
 
     On top of serialization.load's checks (every byte, every array's dtype
     and shape, the metadata's types): it holds a model, an optimizer, the
-    Trainer's state of the right types, and only finite parameters and
-    optimizer state. Any problem raises CheckpointFileError naming the file.
+    Trainer's state of the right types, only finite parameters and
+    optimizer state, and (fp16) a loss scaler state a GradScaler can reach
+    (grad_scaler.state_problem). Any problem raises CheckpointFileError
+    naming the file and the field.
     """
     checkpoint = serialization.load(path)
     where = repr(str(path))
@@ -428,6 +433,11 @@ def verify_checkpoint(path):
     for key in ("config", "tokenizer", "training_args"):
         expect(isinstance(extra.get(key, {}), dict), f"{key!r} is not a dict")
     _check_position(state, layout, extra, checkpoint["optimizer"]["steps"], expect)
+    if "grad_scaler" in extra:  # fp16: the loss scale goes on from here, so it must be one a scaler can reach
+        expect(extra["grad_scaler"] != {}, "its 'grad_scaler' is {}, what a disabled GradScaler saves; an fp16 "
+                                           "run saves the scale it reached")
+        problem = state_problem(extra["grad_scaler"])
+        expect(problem is None, f"its 'grad_scaler' is damaged: {problem}")
     arrays = [(f"model/{name}", a) for name, a in checkpoint["model"].items()]
     arrays += [(f"optimizer/{key}/{i}", a) for key, values in checkpoint["optimizer"]["state"].items()
                for i, a in enumerate(values)]
@@ -626,7 +636,8 @@ class Trainer:
         acc.zero_grad()
         try:
             # fp16: an overflow to inf is expected and handled (the GradScaler skips the step): no NumPy warnings
-            with (autograd.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext(),
+            # fp16 and anomaly mode: a scaled gradient's overflow is the scaler's to skip, not an anomaly
+            with (autograd.detect_anomaly(loss_scaling=args.fp16) if args.detect_anomaly else contextlib.nullcontext(),
                   numpy.errstate(over="ignore", invalid="ignore") if args.fp16 else contextlib.nullcontext()):
                 self._training_loop(progress)
         except RuntimeError as e:
@@ -675,7 +686,9 @@ class Trainer:
                 if not acc.accumulate(items, end_of_data=(m == n_micro - 1)):
                     continue
                 # The group is complete: one optimizer step with the mean gradient, unless it is not finite.
-                lr = get_learning_rate(state.global_step, args, total)
+                # The schedule counts the steps taken: a skipped step moves it on no more than the parameters
+                # (Hugging Face steps its scheduler only when optimizer_step_was_skipped is false).
+                lr = get_learning_rate(state.global_step - state.nonfinite_steps, args, total)
                 grad_norm, nonfinite = self._optimizer_step(lr, step)
                 state.global_step += 1
                 for callback in self.callbacks:
