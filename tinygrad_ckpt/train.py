@@ -60,13 +60,16 @@ optimizer state and the accumulation buffers stay float32. With fp16 each
 micro-batch's loss is scaled (grad_scaler.py) before its backward, and the
 accumulated gradients are unscaled once, after write_grads and before
 clipping; a step whose gradients overflowed is skipped by the same rule as
-any non-finite step, and logged with the loss scale. GradScaler's starting
-scale, 2**16 (PyTorch's), is for a mean loss; this Trainer backpropagates a
-sum over the micro-batch, whose gradients are as many times larger as it has
-items, so a fresh run starts the scale that many times lower (a power of
-two, at least 1; `starting_loss_scale`): it does not spend its first steps,
-the warm-up's, backing off from an overflow (benchmarks/mixed_precision_training.py
-measured nine such steps, and a validation loss 0.34 above float32's, without it).
+any non-finite step, and logged with the loss scale. The scale starts at
+PyTorch's 2**16. This Trainer backpropagates a sum over the micro-batch,
+whose gradients are as many times larger as it has items, so its first
+steps overflow and the scale backs off (the default run: steps 1 to 9, to
+128); PyTorch's GradScaler docstring expects as much ("the first few
+iterations as its value calibrates"). A skipped step does not advance the
+learning-rate schedule, so those steps cost their compute and nothing else:
+benchmarks/mixed_precision_training.py measured float16 from 2**16 within
+0.05 of float32's validation loss (it was 0.34 above while skipped steps
+still used up the warm-up).
 
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its
@@ -332,16 +335,6 @@ def create_optimizer(parameters, args):
     )
 
 
-def starting_loss_scale(args, dataset):
-    """fp16's first loss scale: PyTorch's 2**16, meant for a mean loss, divided by the items of a micro-batch
-    (per_device_train_batch_size x an example's labels), whose summed loss the Trainer backpropagates; a
-    power of two, at least 1."""
-    example = dataset[0] if len(dataset) else {}
-    labels = example.get("labels") if isinstance(example, dict) else None
-    items = args.per_device_train_batch_size * (numpy.size(labels) if labels is not None else 1)
-    return 2.0 ** max(0, math.floor(math.log2(2.0**16 / items)))
-
-
 class TrainerCallback:
     """Something called at points of training: Hugging Face's TrainerCallback, with the two events this Trainer has.
 
@@ -543,8 +536,7 @@ class Trainer:
             self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
         )
         # float16's loss scaling; a pass-through otherwise
-        self.scaler = GradScaler(starting_loss_scale(args, train_dataset), enabled=True) if args.fp16 else \
-            GradScaler(enabled=False)
+        self.scaler = GradScaler(enabled=args.fp16)  # fp16: PyTorch's defaults; otherwise a pass-through
         self.scaler_backed_off = False  # the last step was skipped only for overflow at a loss scale above 1
         self.distributed = distributed
         self.world_size = 1 if distributed is None else distributed.world_size
@@ -753,9 +745,10 @@ class Trainer:
 
         fp16: a step skipped only because its scaled gradients overflowed, at
         a loss scale above 1, is the GradScaler finding its scale (it halves
-        it): counted in all, not in a row. The Trainer's summed loss makes the
-        gradients grow with the tokens of a micro-batch, so the first steps
-        may back off many times (from 2**16 to 2**6 for 1024 tokens).
+        it): counted in all, not in a row, and the learning-rate schedule
+        stays where it was. The Trainer's summed loss makes the gradients grow
+        with the tokens of a micro-batch, so the first steps may back off many
+        times (from 2**16 to 2**7 in the default run's first 9 steps).
         """
         state, limit = self.state, self.args.max_consecutive_nonfinite_steps
         state.nonfinite_steps += 1
