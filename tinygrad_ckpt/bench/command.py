@@ -18,7 +18,7 @@ and kinds.json. --quick and the hidden --tiny (toy sizes,
 for the tests) choose the set of sizes (workloads.py) for each.
 
 What does not live here: the measuring (strategies.py, compare.py), the
-machine and its threads (machine.py), the table format and the file writer
+machine (machine.py), its threads (threads.py), the table format and the file writer
 (report.py).
 """
 
@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, replace
 
 from .. import allocator, backend, random, serialization
+from ..threads import limited_threads
 from . import compare, kinds, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
@@ -121,7 +122,7 @@ def run(args):
         print(f"[{done[0]:>3}/{total}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
 
     random.manual_seed(0)  # the dropout masks
-    with machine.limited_threads(args.threads) as threads:
+    with limited_threads(args.threads) as threads:
         print(f"tinygrad-ckpt bench: {name} set, {total} rows, {config.repeats} timed steps each after one warm-up; "
               f"BLAS threads: {threads['summary']}", flush=True)
         results = strategies.collect(config, progress)
@@ -217,7 +218,7 @@ def run_kinds(args, name):
         lines.append(line)
         print(line, flush=True)
 
-    with machine.limited_threads(args.threads) as threads:
+    with limited_threads(args.threads) as threads:
         say(f"tinygrad-ckpt bench --kinds: {name} set; BLAS threads: {threads['summary']}")
         part1 = kinds.part1(measured, repeats, say)
         say("")
