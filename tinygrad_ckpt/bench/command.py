@@ -5,6 +5,7 @@
     tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad, the floor (compare.py)
     tinygrad-ckpt bench --profile                # where a step's time goes, op by op (profile.py)
     tinygrad-ckpt bench --kinds --quick          # every model kind: CNN, LSTM, encoder, GPT (kinds.py)
+    tinygrad-ckpt bench --kinds                  # the same, part 1 at a second, larger size a kind (minutes)
 
 The strategy bench (strategies.py) writes, into --output-dir, bench.md (the
 tables printed on the terminal), bench.json (every figure, the machine, the
@@ -45,7 +46,8 @@ report.html, an interactive page of every byte of one step (opens from disk).
   tinygrad-ckpt bench --profile    where a step's time goes, op by op, against its floor
                                    (writes profile.md, profile.json)
   tinygrad-ckpt bench --kinds      every model kind: a CNN, an LSTM, an encoder, a GPT
-                                   (writes kinds.md, kinds.json)"""
+                                   (writes kinds.md, kinds.json; the full set takes minutes,
+                                   --kinds --quick the smaller one)"""
 
 
 def add_arguments(parser):
@@ -113,6 +115,10 @@ def run(args):
         print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
               "slower and noisier than on a quiet machine. BLAS threads that find no free core wait on each "
               "other and can make single steps many times slower; --threads 1 gives steadier ratios", flush=True)
+    without = strategies.precision_rows()[1]
+    if without:
+        print(f"note: the bf16 autocast rows are left out: {without}; `pip install -e \".[bench]\"` brings "
+              "ml_dtypes with the plots' libraries", flush=True)
     total = strategies.count_rows(config)
     start = time.perf_counter()
     done = [0]
@@ -143,7 +149,7 @@ def run(args):
             from . import plots  # matplotlib, the optional `plot` extra
         except ImportError as e:
             print(f"plots: skipped, matplotlib is not installed ({e}); get them with "
-                  "`pip install -e \".[plot]\"` in the clone, and run bench again")
+                  "`pip install -e \".[bench]\"` in the clone, and run bench again")
         else:
             written += plots.draw_all(results, args.output_dir)
         written += write_page(results, text, args.output_dir)
@@ -168,7 +174,7 @@ def write_page(results, tables, output_dir):
         from . import explorer
     except ImportError as e:
         print(f"memory explorer page: skipped, Plotly is not installed ({e}); get report.html with "
-              "`pip install -e \".[report]\"` in the clone, and run bench again")
+              "`pip install -e \".[bench]\"` in the clone, and run bench again")
         return []
     path = explorer.write(results, os.path.join(output_dir, "report.html"), tables)
     print(f"memory explorer: {path} ({os.path.getsize(path) / 2**20:.1f} MiB; it opens from disk, no network)")
@@ -218,11 +224,18 @@ def run_kinds(args, name):
         lines.append(line)
         print(line, flush=True)
 
+    total, done = len(measured) + len(full), [0]
+
+    def progress(what):  # on the terminal only, not in kinds.md
+        done[0] += 1
+        print(f"[{done[0]:>2}/{total}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
+
     with limited_threads(args.threads) as threads:
-        say(f"tinygrad-ckpt bench --kinds: {name} set; BLAS threads: {threads['summary']}")
-        part1 = kinds.part1(measured, repeats, say)
+        say(f"tinygrad-ckpt bench --kinds: {name} set (part 1 at "
+            f"{len(measured)} sizes, part 2 at {len(full)}); BLAS threads: {threads['summary']}")
+        part1 = kinds.part1(measured, repeats, say, progress)
         say("")
-        part2 = kinds.part2(full, budget, say)
+        part2 = kinds.part2(full, budget, say, progress)
     notes = [args.allocator, f"the {name} set took {time.perf_counter() - start:.0f} s on "
              f"{machine.describe()['description']}"]
     say("")
