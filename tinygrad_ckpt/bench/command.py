@@ -115,10 +115,9 @@ def run(args):
         print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
               "slower and noisier than on a quiet machine. BLAS threads that find no free core wait on each "
               "other and can make single steps many times slower; --threads 1 gives steadier ratios", flush=True)
-    without = strategies.precision_rows()[1]
-    if without:
-        print(f"note: the bf16 autocast rows are left out: {without}; `pip install -e \".[bench]\"` brings "
-              "ml_dtypes with the plots' libraries", flush=True)
+    if strategies.precision_rows()[1]:
+        print("note: the bf16 autocast rows are left out: NumPy has no bfloat16, and ml_dtypes, which has it, is not "
+              "installed; `pip install -e \".[bench]\"` brings it with the plots' libraries", flush=True)
     total = strategies.count_rows(config)
     start = time.perf_counter()
     done = [0]
