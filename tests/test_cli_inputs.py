@@ -40,6 +40,12 @@ def test_a_size_with_its_unit_is_taken(text, size):
     assert fit.device_memory_bytes(text)[0] == size
 
 
+@pytest.mark.parametrize("name", ["h300", "a100", "3090ti", "rtx3090"])
+def test_a_gpu_name_not_in_the_table_is_not_called_a_bare_number(name):
+    with pytest.raises(ValueError, match=rf"device memory '{name}' is neither a GPU preset \(t4, .*\) nor a size"):
+        fit.device_memory_bytes(name)
+
+
 def test_an_int_is_bytes():
     assert fit.device_memory_bytes(1 << 34)[0] == 1 << 34
 

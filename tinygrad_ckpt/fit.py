@@ -229,7 +229,7 @@ def device_memory_bytes(memory):
             return round(gib * GiB), f"{name}, {nominal} GB nominal, {gib} GiB as CUDA reports it"
         number = key.rstrip("abcdefghijklmnopqrstuvwxyz ")
         unit = key[len(number):].strip()
-        if number and not unit:
+        if not unit and re.fullmatch(r"[0-9.e+]+", number):  # a number, not 'h300'
             like = [g for g in GPUS if len(number) > 1 and number in g]  # "3090" -> rtx-3090
             raise ValueError(f"device memory {memory!r} is a bare number: give a GPU preset "
                              f"({', '.join(GPUS)}{'; did you mean ' + ' or '.join(like) + '?' if like else ''}) "
