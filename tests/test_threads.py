@@ -77,6 +77,28 @@ def test_train_samples_on_one_blas_thread_and_trains_on_the_default(monkeypatch,
     assert pool_threads() == before  # training and what follows: BLAS's own count again
 
 
+def test_train_threads_sets_the_training_steps_threads(monkeypatch, tmp_path, capsys):
+    from tinygrad_ckpt.train import Trainer
+
+    seen = {}
+    train = Trainer.train
+
+    def watched(self, *args, **kwargs):
+        seen["training"] = set(pool_threads().values())
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train", watched)
+    text = tmp_path / "tiny.txt"
+    text.write_text("the cat sat on the mat. " * 50)
+    assert cli.main(["train", "--data", str(text), "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
+                     "--block-size", "16", "--max-steps", "1", "--sample-chars", "0", "--disable-tqdm",
+                     "--threads", "2"]) == 0
+    assert seen["training"] == {2}
+    with pytest.raises(SystemExit) as exit:  # argparse's own refusal of a flag's value
+        cli.main(["train", "--threads", "0"])
+    assert exit.value.code == 2 and "argument --threads: must be at least 1, got '0'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag, expected", [([], 1), (["--threads", "2"], 2)])
 def test_verify_runs_on_its_threads(flag, expected, monkeypatch, capsys):
     seen = {}

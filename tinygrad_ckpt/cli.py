@@ -93,6 +93,9 @@ def add_train_arguments(parser):
     model.add_argument("--n-embd", type=_positive_int, default=d["n_embd"], help="embedding width (default: %(default)s)")
     model.add_argument("--dropout", type=_probability, default=d["dropout"], help="dropout probability (default: %(default)s)")
     model.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="'cuda' needs CuPy and a GPU (default: %(default)s)")
+    model.add_argument("--threads", type=_positive_int, default=None,
+                       help="BLAS threads for training (default: BLAS's own, one per core; on a busy machine 1 is "
+                            "faster: benchmarks/README.md, 'On a busy machine'); sampling always runs on one")
 
     training = parser.add_argument_group("training (TrainingArguments, as in Hugging Face)")
     add_dataclass_arguments(training, TrainingArguments, d)
@@ -231,7 +234,8 @@ def _train(args, parallel):
     )
     for line in training_header(trainer):
         print(line)
-    history = trainer.train(resume_from_checkpoint=args.resume)
+    with limited_threads(args.threads):  # None: as BLAS set itself up
+        history = trainer.train(resume_from_checkpoint=args.resume)
 
     evals = [e["eval_loss"] for e in history if "eval_loss" in e]
     logs = [e for e in history if "loss" in e]
