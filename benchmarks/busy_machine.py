@@ -16,7 +16,7 @@ another job), then times, as medians of REPEATS runs:
      cores, what verify did before it had the flag) and --threads 1 (its
      default now).
 
-    python benchmarks/busy_machine.py                # 2 spinning processes, 3 runs each: about 10 minutes
+    python benchmarks/busy_machine.py                # 2 spinning processes, 2 runs each: 11 minutes on 2 cores
     python benchmarks/busy_machine.py --busy 0       # the same on the machine as it is
 
 The spinning processes are killed at the end, whatever happens. The figures
@@ -33,7 +33,7 @@ import sys
 import time
 
 BUSY = 2  # processes that spin (`while True: pass`) during the measurements
-REPEATS = 3  # runs of each row; the median is printed
+REPEATS = 2  # runs of each row; the median is printed
 SAMPLE_CHARS = 300  # `tinygrad-ckpt train`'s default
 
 
