@@ -6,9 +6,9 @@ product, such as a GPT forward on one sequence (what sampling runs, once per
 character), the split costs more than it gives; and on a busy machine a
 thread that finds no free core is waited for by the others, so a product
 can take many times longer than on one thread. `tinygrad-ckpt train`
-samples 300 characters after training: on a 2-core machine with two other
-busy processes that took most of a 44 s run with BLAS's default threads,
-and about a second on one (benchmarks/README.md, "On a busy machine").
+samples 300 characters after training: on a 2-core machine kept busy by
+other processes that took 90 s on BLAS's default two threads, and 4.5 s on
+one (benchmarks/README.md, "On a busy machine").
 
     >>> from tinygrad_ckpt.threads import limited_threads
     >>> with limited_threads(1) as info:
