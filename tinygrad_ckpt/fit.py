@@ -1094,8 +1094,8 @@ def _better_than_every(plan, row):
         return row
     segments = [(i, i + 1, True) for i in range(plan.config.n_layer)]
     # Its label must not say "cuts every 2 blocks" above a plan that cuts at every block.
-    return StrategyFit(row.key, f"{PLANNER[1]}: every block", every.checkpointing, every.largest_micro_batch, every.micro_batch,
-                       every.accumulation_steps, every.memory, every.recompute_ratio, Plan(segments, 0, 0.0))
+    return StrategyFit(row.key, f"{PLANNER[1]}: every block", every.checkpointing, every.largest_micro_batch,
+                       every.micro_batch, every.accumulation_steps, every.memory, every.recompute_ratio, Plan(segments, 0, 0.0))
 
 
 def _fixed(plan, key_label, checkpointing, memory, largest, micro, ratio, plan_):
@@ -1244,9 +1244,9 @@ def render(plan):
               "and recomputes least"
               + ("; 'cuts every k blocks': it may cut only between groups of k blocks (--planner-layers)"
                  if "cuts every" in planner.label else "")
-              + ("; ': every block': checkpointing every block measured better than the planner's own plans (--planner-layers sets where those "
-                 "may cut)"
-                 if planner.label.endswith(": every block") else "") + ".",
+              + ("; ': every block': checkpointing every block measured better than the planner's own plans "
+                 "(--planner-layers sets where those may cut)" if planner.label.endswith(": every block") else "")
+              + ".",
               "time: a step's FLOPs with the recomputation over a step's without (about three forwards); "
               "peaks are memory.py's count of the step run on the meta device, exact for this engine "
               + "in every precision."]
