@@ -98,7 +98,9 @@ class GradScaler:
                                  "the parameters float32 and run the forward under autocast, which casts)")
             xp = backend.module_of(g)
             g *= g.dtype.type(inv_scale)
-            found_inf = found_inf or not bool(backend.to_host(backend.as_array(xp.isfinite(g).all())))
+            finite = backend.as_array(xp.isfinite(g).all())
+            if backend.holds_values(p.device):  # the meta device has no values to overflow: the step is taken
+                found_inf = found_inf or not bool(backend.to_host(finite))
         self.found_inf = found_inf
         return found_inf
 

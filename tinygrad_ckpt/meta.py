@@ -1,9 +1,15 @@
 """The meta device: arrays with a shape, a dtype and a layout, and no data.
 
 To know what a training step will hold, run the same code on arrays that
-have no data. That is how PyTorch answers it (tensors on its "meta" device,
-FakeTensor) and JAX (`jax.eval_shape`); here it is a third array module
-beside NumPy and CuPy, plugged in through the backend's seam as the strict
+have no data. PyTorch runs its code on such tensors (its "meta" device,
+FakeTensor) and JAX on such values (`jax.eval_shape`), but both answer
+only what an operation gives back: shapes and dtypes. Neither counts bytes
+that way: JAX's answer about memory is the compiler's, the memory analysis
+of the compiled computation (`jax.jit(f).lower(*args).compile()
+.memory_analysis()`, jax/_src/stages.py). Here the engine runs eagerly, one
+op after another, so the count of its arrays as they come and go is the
+step's memory: the meta device is a third array module beside NumPy and
+CuPy that also counts, plugged in through the backend's seam as the strict
 CuPy stand-in is:
 
     from tinygrad_ckpt import meta      # installs device="meta"
@@ -32,15 +38,24 @@ costs nothing and a copy costs its bytes:
 dtypes follow NumPy's promotion: each elementwise function asks NumPy's
 ufunc which dtype it would return (`ufunc.resolve_dtypes`).
 
-What needs values cannot run here, and says so (`NeedsValues`): float(),
-bool(), int(), .item() and indexing with a boolean mask. The one way out,
-an explicit copy to the host (`get()`, backend.to_host), has a stated
-rule: **values read back from the meta device are zeros**. For a training
-step that means: the loss printed is 0; the step is finite, so it is taken;
-the gradient norm is 0, so clipping leaves the gradients as they are (its
-other branch scales them in place, which allocates nothing either).
+What needs values cannot run here, and says so (`NeedsValues`, as
+PyTorch's meta tensors refuse `.item()`): float(), bool(), int(), .item(),
+.tolist(), indexing with a boolean mask, and a copy to the host (`get()`,
+backend.to_host, Tensor.numpy(), .to("cpu")). No value is ever made up: a
+zero read back would be a wrong answer that flows into the next one (a
+branch taken, a step skipped). Code that runs a whole training step here
+asks backend.holds_values instead of reading: the Trainer logs no loss,
+the loss scaler finds no overflow (there are no values to overflow, so the
+step is taken, as a finite step is), and clipping computes the norm's
+arrays and scales nothing (scaling in place allocates nothing either way).
 Random draws make nothing to draw from: on the meta device `random`
-functions of the engine return arrays without values (backend.holds_values).
+functions of the engine return arrays without values.
+
+Every op checks its operands' shapes as NumPy would (broadcasting,
+matmul's inner axes, concatenation, reshape): a step that could not run on
+the CPU cannot be sized here (tests/test_meta_shapes.py draws op calls and
+runs them on both devices). What only values decide (an integer index out
+of range, a mask's count of True) is not checked.
 
 `like` says which device the meta device stands in for: "cuda" (the
 default: a GPU, where a host array brought over is a copy, and CuPy's
@@ -74,15 +89,14 @@ newaxis, pi, e, inf, nan = None, numpy.pi, numpy.e, numpy.inf, numpy.nan
 like = "cuda"  # the device the meta device stands in for: "cuda" or "cpu" (see the module docstring)
 
 
-class NeedsValues(RuntimeError):
-    """An operation that would need an array's values, asked of an array that has none."""
+NeedsValues = backend.NeedsValues  # a question about values, asked of an array that has none
 
 
-def _needs_values(what):
-    return NeedsValues(
-        f"{what} needs the array's values, and a meta array has none (it has a shape and a dtype). "
-        "Code run on device='meta' must not branch on values; an explicit copy to the host "
-        "(backend.to_host) reads zeros")
+def _needs_values(what, array=None):
+    if array is not None:
+        return backend.no_values(what, array)
+    return NeedsValues(f"{what}: a meta tensor has no values (it has a shape and a dtype). Code run on "
+                       "device='meta' sizes a step: it may not read or branch on values.")
 
 
 # -- the count of live bytes -------------------------------------------------------
@@ -190,34 +204,33 @@ class ndarray:
 
     # -- values: none ------------------------------------------------------------
     def __bool__(self):
-        raise _needs_values("bool()")
+        raise _needs_values("bool()", self)
 
     def __float__(self):
-        raise _needs_values("float()")
+        raise _needs_values("float()", self)
 
     def __int__(self):
-        raise _needs_values("int()")
+        raise _needs_values("int()", self)
 
     def __index__(self):
-        raise _needs_values("using it as a Python integer")
+        raise _needs_values("using it as a Python integer", self)
 
     def item(self):
-        raise _needs_values(".item()")
+        raise _needs_values(".item()", self)
 
     def tolist(self):
-        raise _needs_values(".tolist()")
+        raise _needs_values(".tolist()", self)
 
     def __array__(self, *args, **kwargs):
-        raise TypeError("a meta array has no values to give NumPy; copy it explicitly with backend.to_host "
-                        "(which reads zeros)")
+        raise _needs_values("numpy.asarray()", self)
 
     def __array_function__(self, func, types, args, kwargs):
         raise TypeError(f"numpy.{func.__name__} was applied to a meta array: use the array module of the "
                         f"inputs, xp = backend.array_module(array); xp.{func.__name__}(...)")
 
     def get(self, stream=None):
-        """The explicit copy to the host: zeros of this shape and dtype (the meta device's rule)."""
-        return numpy.zeros(self.shape, self.dtype)
+        """The explicit copy to the host (CuPy's name): there are no values to copy."""
+        raise _needs_values("a copy to the host (.get())", self)
 
     # -- views, as NumPy makes them ----------------------------------------------
     def _layout(self):
