@@ -493,7 +493,14 @@ def _reduced_dtype(name, source, requested):
 
 def _reduce(a, name, axis, dtype, out, keepdims):
     axes = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
-    axes = {_axis(i, a.ndim) for i in axes}
+    listed = [_axis(i, a.ndim) for i in axes]
+    axes = set(listed)
+    if len(axes) != len(listed):
+        raise ValueError("duplicate value in 'axis'")
+    if name in ("max", "min", "argmax") and any(a.shape[i] == 0 for i in axes if i < a.ndim):  # no identity
+        raise ValueError(f"attempt to get {name} of an empty sequence" if name == "argmax" else
+                         f"zero-size array to reduction operation {dict(max='maximum', min='minimum')[name]} "
+                         "which has no identity")
     shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape) if keepdims or i not in axes)
     result = _reduced_dtype(name, a.dtype, dtype)
     if out is not None:
@@ -685,13 +692,31 @@ def broadcast_to(a, shape):
 
 
 def concatenate(arrays, axis=0):
+    """NumPy's checks, in its words: one or more arrays, the same number of axes, the same sizes off `axis`."""
+    if not arrays:
+        raise ValueError("need at least one array to concatenate")
     shape = list(arrays[0].shape)
+    if not shape:
+        raise ValueError("zero-dimensional arrays cannot be concatenated")
     axis = _axis(axis, len(shape))
+    for i, a in enumerate(arrays):
+        if a.ndim != len(shape):
+            raise ValueError(f"all the input arrays must have same number of dimensions, but the array at index 0 "
+                             f"has {len(shape)} dimension(s) and the array at index {i} has {a.ndim} dimension(s)")
+        for d, (n, m) in enumerate(zip(shape, a.shape)):
+            if d != axis and n != m:
+                raise ValueError(f"all the input array dimensions except for the concatenation axis must match "
+                                 f"exactly, but along dimension {d}, the array at index 0 has size {n} and the "
+                                 f"array at index {i} has size {m}")
     shape[axis] = builtins.sum(a.shape[axis] for a in arrays)
     return ndarray(shape, numpy.result_type(*(a.dtype for a in arrays)))
 
 
 def stack(arrays, axis=0):
+    if not arrays:
+        raise ValueError("need at least one array to stack")
+    if len({a.shape for a in arrays}) > 1:
+        raise ValueError("all input arrays must have the same shape")
     shape = list(arrays[0].shape)
     shape.insert(_axis(axis, len(shape) + 1), len(arrays))
     return ndarray(shape, numpy.result_type(*(a.dtype for a in arrays)))
