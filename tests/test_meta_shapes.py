@@ -252,3 +252,62 @@ def test_a_call_that_fails_on_the_cpu_fails_on_the_meta_device(call, shapes):
     arrays = [array(s, seed=i) for i, s in enumerate(shapes)]
     assert outcome(call, arrays, "cpu")[0] == "raised"
     runs_alike(call, *arrays)
+
+
+# -- the array module itself: meta against NumPy, call for call ----------------------------------------
+array_dtypes = st.sampled_from([numpy.float16, numpy.float32, numpy.float64, numpy.int32, numpy.int64, numpy.bool_])
+
+
+@st.composite
+def module_calls(draw):
+    """(a function of the array module and the arrays, the arrays' shapes and dtypes): NumPy's functions
+    the engine calls on the meta device, with shapes that may not fit."""
+    a = draw(shapes())
+    b = draw(related(a))
+    name = draw(st.sampled_from(["matmul", "concatenate", "stack", "where", "einsum", "vdot", "reshape", "sum",
+                                 "max", "broadcast_to", "maximum", "transpose", "getitem", "astype"]))
+    axis = draw(st.one_of(st.none(), axes, st.lists(axes, max_size=2).map(tuple)))
+    target = tuple(draw(st.lists(st.sampled_from([-1, 0, 1, 2, 3, 6]), max_size=3)))
+    subscripts = draw(st.sampled_from(["ij,jk->ik", "...ij,...jk->...ik", "bij,bkj->bik", "i,i->", "ij->ji"]))
+    index = draw(basic_indices(len(a)))
+    calls = {
+        "matmul": lambda xp, x, y: xp.matmul(x, y),
+        "concatenate": lambda xp, x, y: xp.concatenate([x, y], axis=axis if isinstance(axis, int) else 0),
+        "stack": lambda xp, x, y: xp.stack([x, y], axis=axis if isinstance(axis, int) else 0),
+        "where": lambda xp, x, y: xp.where(x > 1, x, y),
+        "einsum": lambda xp, x, y: xp.einsum(subscripts, x, y) if "," in subscripts else xp.einsum(subscripts, x),
+        "vdot": lambda xp, x, y: xp.vdot(x, y),
+        "reshape": lambda xp, x, y: x.reshape(target),
+        "sum": lambda xp, x, y: x.sum(axis=axis),
+        "max": lambda xp, x, y: x.max(axis=axis),
+        "broadcast_to": lambda xp, x, y: xp.broadcast_to(x, b),
+        "maximum": lambda xp, x, y: xp.maximum(x, y),
+        "transpose": lambda xp, x, y: x.transpose(axis) if isinstance(axis, tuple) and axis else x.T,
+        "getitem": lambda xp, x, y: x[index],
+        "astype": lambda xp, x, y: x.astype(y.dtype) + y,
+    }
+    return calls[name], [(a, draw(array_dtypes)), (b, draw(array_dtypes))]
+
+
+@settings(max_examples=examples(150))
+@given(call=module_calls())
+def test_a_call_of_the_meta_module_raises_iff_numpy_s_does_and_else_gives_its_shape_and_dtype(call):
+    """Below the ops: each NumPy function the engine calls on the meta device, against NumPy on real arrays."""
+    function, specs = call
+    outcomes = []
+    for xp in (numpy, meta):
+        try:
+            with numpy.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                arrays = [xp.asarray(array(shape, dtype, seed)) for seed, (shape, dtype) in enumerate(specs)]
+                out = function(xp, *arrays)
+            outcomes.append(("ok", tuple(out.shape), numpy.dtype(out.dtype)))
+        except meta.NeedsValues:
+            raise
+        except Exception as e:  # noqa: BLE001
+            outcomes.append(("raised", e))
+    real, on_meta = outcomes
+    assert real[0] == on_meta[0], f"NumPy: {real[1:]!r}; the meta device: {on_meta[1:]!r}"
+    if real[0] == "ok":
+        assert real == on_meta
+    event(f"NumPy: {real[0]}")

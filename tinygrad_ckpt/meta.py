@@ -492,6 +492,8 @@ def _reduced_dtype(name, source, requested):
 
 
 def _reduce(a, name, axis, dtype, out, keepdims):
+    if a.ndim == 0 and isinstance(axis, numbers.Integral) and axis in (0, -1):
+        axis = None  # NumPy reduces a 0-d array over axis 0 or -1 (not over a tuple of them)
     axes = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
     listed = [_axis(i, a.ndim) for i in axes]
     axes = set(listed)
@@ -521,9 +523,9 @@ class _Layout(namedtuple("_Layout", "shape strides dtype")):
 
 
 def _axis(i, ndim):
-    if not -ndim <= i < builtins.max(ndim, 1):
+    if not -ndim <= i < ndim:
         raise numpy.exceptions.AxisError(i, ndim)
-    return i % ndim if ndim else 0
+    return i % ndim
 
 
 # -- creation ----------------------------------------------------------------------------
@@ -656,6 +658,8 @@ def matmul(a, b, out=None):
 
 
 def vdot(a, b):
+    if a.size != b.size:
+        raise ValueError("vectors have different lengths")
     return ndarray((), numpy.result_type(a.dtype, b.dtype))
 
 
@@ -665,12 +669,19 @@ def einsum(subscripts, *operands):
         raise NotImplementedError("meta.einsum needs an explicit output ('ij,jk->ik')")
     inputs, output = subscripts.replace(" ", "").split("->")
     sizes, ellipsis = {}, []
-    for letters, a in zip(inputs.split(","), operands):
+    if len(inputs.split(",")) != len(operands):
+        raise ValueError("einsum: the subscripts name another number of operands than given")
+    for i, (letters, a) in enumerate(zip(inputs.split(","), operands)):
         dims = list(a.shape)
         if "..." in letters:
             before, after = letters.split("...")
+            if len(before) + len(after) > len(dims):
+                raise ValueError(f"einstein sum subscripts string contains too many subscripts for operand {i}")
             ellipsis.append(tuple(dims[len(before):len(dims) - len(after)]))
             letters, dims = before + after, dims[:len(before)] + dims[len(dims) - len(after):]
+        elif len(letters) != len(dims):
+            raise ValueError(f"einsum: operand {i} has {len(dims)} dimensions and its subscripts {letters!r} "
+                             f"name {len(letters)}")
         for letter, n in zip(letters, dims):
             if sizes.get(letter, n) != n and 1 not in (n, sizes[letter]):
                 raise ValueError(f"einsum: operands could not be broadcast together on {letter!r}")
