@@ -201,7 +201,7 @@ class Module:
         NeedsValues, naming the entry (use to_empty, as in PyTorch).
         """
         for name, t in list(self.named_parameters()) + list(self.named_buffers()):
-            if t.device == "meta" and device != "meta":
+            if not backend.holds_values(t.device) and backend.holds_values(device):
                 raise backend.no_values(
                     f"Module.to({device!r}) of {name!r}", t.data,
                     f"A model built on device='meta' has nothing to copy: model.to_empty(device={device!r}) "
