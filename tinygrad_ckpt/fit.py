@@ -388,8 +388,9 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
             try:
                 trainer.train()
             except meta.NeedsValues as e:
-                raise meta.NeedsValues(f"estimate_step: the step asks for a value at {_asking_line(e)}, and the "
-                                       f"meta device has none to follow a branch with. {e}") from e
+                raise meta.NeedsValues(f"estimate_step: the step asks for a value at {_asking_line(e)}; the meta "
+                                       f"device has none (a branch taken on a made-up one would size another "
+                                       f"step). {e}") from e
             # On the CPU the batch is host memory and device memory at once: what the step never brought
             # to the meta device (say, labels read on the host only) is added, as alive through the step.
             constant = 0 if device == "cuda" else sum(a.nbytes for batch in batches for a in batch.values()
