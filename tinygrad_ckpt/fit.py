@@ -87,7 +87,9 @@ formulas (activations.py), the planner (schedules.py), the command line (cli.py)
 import argparse
 import dataclasses
 import math
+import pathlib
 import re
+import traceback
 from array import array
 from dataclasses import dataclass, field
 
@@ -357,6 +359,9 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     "cpu", the device the meta device stands in for (meta.like).
 
     The model is left as the Trainer leaves it (checkpointing switched on if asked).
+    A step that asks for a value (`.item()`, `if loss > 0:`) cannot be sized
+    without values, and following a made-up branch would size another step:
+    meta.NeedsValues, naming the line that asked.
     """
     from .train import Trainer, TrainingArguments
 
@@ -389,7 +394,12 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
         with meta.counting(points=True, stands_in_for=device) as count:
             _enter(model, recorder, count)
             trainer = Trainer(model, args, [example] * B, data_collator=collate, compute_loss_func=compute_loss_func)
-            trainer.train()
+            try:
+                trainer.train()
+            except meta.NeedsValues as e:
+                raise meta.NeedsValues(f"estimate_step: the step asks for a value at {_asking_line(e)}; the meta "
+                                       f"device has none (a branch taken on a made-up one would size another "
+                                       f"step). {e}") from e
             # On the CPU the batch is host memory and device memory at once: what the step never brought
             # to the meta device (say, labels read on the host only) is added, as alive through the step.
             constant = 0 if device == "cuda" else sum(a.nbytes for batch in batches for a in batch.values()
@@ -401,6 +411,18 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     trace = (recorder.labels, recorder.allocations, count.sizes, recorder.live_at_start)
     return StepMemory(recorder.peak_total, dict(recorder.peak), highest, recorder.start, count.peak + constant,
                       constant, recorder.recomputed_flops, points, count.points, trace)
+
+
+def _asking_line(error):
+    """'file:line: code' of the innermost frame of `error` outside the engine's plumbing (the tensor, the
+    backend, the ops, the meta device): the line that asked for a value."""
+    package = pathlib.Path(backend.__file__).parent
+    plumbing = {package / name for name in ("tensor.py", "backend.py", "function.py", "meta.py")}
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = pathlib.Path(frame.filename)
+        if path not in plumbing and path.parent != package / "ops":
+            return f"{frame.filename}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
+    return "an unknown line"
 
 
 def _enter(model, recorder, count):

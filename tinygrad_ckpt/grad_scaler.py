@@ -123,7 +123,9 @@ class GradScaler:
                                  "the parameters float32 and run the forward under autocast, which casts)")
             xp = backend.module_of(g)
             g *= g.dtype.type(inv_scale)
-            finite = bool(backend.to_host(backend.as_array(xp.isfinite(g).all())))
+            finite = backend.as_array(xp.isfinite(g).all())  # made on every device: the meta device counts it
+            # The meta device has no values to overflow: its step is taken, as a finite step is.
+            finite = bool(backend.to_host(finite)) if backend.holds_values(p.device) else True
             found_inf = bool(found_inf) or not finite
         state["stage"], state["found_inf"] = UNSCALED, found_inf
         return found_inf

@@ -672,7 +672,8 @@ class Trainer:
                     batch = self._micro_batch(indices, self.train_dataset)
                     loss, items = self.compute_loss(batch)  # forward ...
                     self.scaler.scale(loss).backward()  # ... then backward at once (fp16: of the scaled loss)
-                    step["loss"] += loss.item()
+                    if backend.holds_values(loss.device):  # the meta device (fit) has no loss to read
+                        step["loss"] += loss.item()
                     step["items"] += items
                     step["tokens"] += batch["input_ids"].size if "input_ids" in batch else items
                     del loss
@@ -730,7 +731,7 @@ class Trainer:
         else:
             grad_norm = get_total_norm(p.grad for p in params if p.grad is not None)
         nonfinite = ", ".join(f"{name} {value}" for name, value in (("loss", step["loss"]), ("grad_norm", grad_norm))
-                              if not math.isfinite(value))
+                              if value is not None and not math.isfinite(value))  # None: the meta device's norm
         if overflow:  # what GradScaler.step() would skip; the scale backs off
             nonfinite = f"{nonfinite or 'gradients'} (inf or NaN at loss scale {scale:g}; now {scale * self.scaler.backoff_factor:g})"
         self.scaler_backed_off = bool(overflow and math.isfinite(step["loss"]) and scale > 1)
