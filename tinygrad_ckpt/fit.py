@@ -342,11 +342,17 @@ class _Recorder(memory.MemoryTracker):
 def estimate_step(model, batch_shapes, compute_loss_func=None, training_arguments=None, device="cuda"):
     """One optimizer step of `model`, run by the Trainer on the meta device: a StepMemory.
 
-        model = MLP(784, [512, 512], 10, device="meta")    # no values, nothing drawn
-        step = estimate_step(model, {"x": ((64, 784), "float32"), "y": ((64,), "int64")},
-                             lambda model, b: (F.cross_entropy(model(Tensor(b["x"], device="meta")),
-                                                               b["y"], reduction="sum"), len(b["y"])))
-        step.peak_bytes, step.at_peak, step.device_peak_bytes
+    >>> from tinygrad_ckpt import Tensor, functional as F
+    >>> from tinygrad_ckpt.nn import MLP
+    >>> model = MLP(784, 512, 10, n_layers=2, device="meta")    # no values, nothing drawn
+    >>> def loss(model, b):                                     # (sum of the losses, items)
+    ...     logits = model(Tensor(b["x"], device="meta"))
+    ...     return F.cross_entropy(logits, b["y"], reduction="sum"), len(b["y"])
+    >>> step = estimate_step(model, {"x": ((64, 784), "float32"), "y": ((64,), "int64")}, loss)
+    >>> step.start["parameters"]                # (784*512 + 512 + 512*512 + 512 + 512*10 + 10) * 4 bytes
+    2678824
+    >>> step.peak_bytes, step.device_peak_bytes
+    (13525200, 15532192)
 
     model: any Module built with device="meta" (its arrays are entered into
     the count, as Module.to enters them). batch_shapes: {field: (shape, dtype)}
