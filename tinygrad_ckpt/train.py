@@ -573,12 +573,14 @@ class Trainer:
         The SUM, not the mean: the accumulator divides once by the tokens of
         the whole effective batch (see accumulate.py for why). With a
         compute_loss_func, that function's (sum, items) for (model, batch).
+        Either runs under autocast when bf16 or fp16 is set, as Hugging Face's
+        Trainer runs a compute_loss_func inside its autocast context.
         """
-        if self.compute_loss_func is not None:
-            return self.compute_loss_func(self.model, batch)
-        input_ids, labels = batch["input_ids"], batch["labels"]
         dtype = self.args.autocast_dtype  # fp16/bf16: the forward and the loss under autocast (mixed precision)
         with autocast.autocast(dtype) if dtype else contextlib.nullcontext():
+            if self.compute_loss_func is not None:
+                return self.compute_loss_func(self.model, batch)
+            input_ids, labels = batch["input_ids"], batch["labels"]
             logits, _ = self.model(input_ids)  # (B, T, vocab)
             vocab = logits.shape[-1]
             counted = labels != IGNORE_INDEX
