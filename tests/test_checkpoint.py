@@ -644,3 +644,20 @@ def test_sqrt_segments_on_a_64_layer_mlp_keep_at_most_30_percent():
     model.gradient_checkpointing_disable()
     assert sqrt <= 0.30 * full, (sqrt, full)
     assert peak_activations(step) - base == full  # disable puts it back
+
+
+@settings(deadline=None)
+@given(depth=st.integers(3, 6), segments=st.sampled_from([1, 2, 3, "sqrt", "every"]))
+def test_checkpoint_sequential_takes_a_sequential_as_its_layers_in_order(depth, segments):
+    """PyTorch's checkpoint_sequential takes an nn.Sequential; ours gives what the list of its layers gives."""
+    blocks, _ = chain(depth, 5, 0.0)
+    model = nn.Sequential(*blocks)
+    results = []
+    for functions in (blocks, model):
+        zero(params_of(blocks))
+        x = randn(3, 5, requires_grad=True)
+        y = checkpoint_sequential(functions, segments, x)
+        (y * y).sum().backward()
+        results.append((y.numpy(), grads(params_of(blocks) + [x])))
+    numpy.testing.assert_array_equal(results[1][0], results[0][0])
+    assert_same_grads(results[1][1], results[0][1], rtol=0, atol=0)

@@ -154,6 +154,9 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
 def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None, policy=None, **options):
     """Run `functions` one after the other on `input`, checkpointing segments of them.
 
+    functions: a list of callables, or an nn.Sequential (any ChainCheckpointing
+    model: its checkpoint_chain(), the layers in order), as PyTorch's takes one.
+
     segments: an int (that many segments of nearly equal length), 'sqrt'
     (round(sqrt(n)) segments, Chen et al.), 'every' (one per function), a
     list of boundaries such as [0, 8, 16, 24] (segment i is
@@ -178,6 +181,8 @@ def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None
         raise TypeError(f"checkpoint_sequential: unknown keyword(s) {', '.join(sorted(unknown))}; it takes "
                         f"use_reentrant, policy, {', '.join(OPTIONS)}")
     options = check_options(use_reentrant, **options)
+    if isinstance(functions, ChainCheckpointing):  # an nn.Sequential, as PyTorch's takes one: its layers in order
+        functions = functions.checkpoint_chain()
     if callable(functions) or not hasattr(functions, "__iter__"):
         raise TypeError(f"checkpoint_sequential: functions must be a list of callables (the layers in order), got "
                         f"{type(functions).__name__}; for one function, use checkpoint(function, input)")
