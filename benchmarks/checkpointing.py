@@ -51,6 +51,7 @@ import numpy  # noqa: E402
 from tinygrad_ckpt import Tensor, memory, optim, policies  # noqa: E402
 from tinygrad_ckpt import functional as F  # noqa: E402
 from tinygrad_ckpt.bench import workloads  # noqa: E402
+from tinygrad_ckpt.threads import limited_threads  # noqa: E402
 
 # -- configuration ----------------------------------------------------------------
 REPEATS = {"W1": 11, "W2": 15}  # W2's steps are short: more of them for a steadier median
@@ -61,11 +62,9 @@ PYTORCH_W1_MIB = {"none": 134, "every": 71, "sqrt": 29}  # PyTorch 2.13 on CPU, 
 
 
 def blas_threads():
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return "threadpoolctl not installed; OMP/OPENBLAS/MKL_NUM_THREADS=2 set before importing NumPy"
-    return ", ".join(f"{i['internal_api']}: {i['num_threads']} threads" for i in threadpool_info())
+    """What the BLAS pools run on, as the one thread limiter reports it (limiting nothing)."""
+    with limited_threads(None) as info:
+        return info["summary"]
 
 
 def measure(step, strategies, repeats):
