@@ -131,6 +131,28 @@ def test_the_fit_excerpt_is_what_fit_prints(capsys):
         assert line in printed, line
 
 
+def test_the_verify_excerpt_is_what_verify_prints_with_its_errors_within_the_tolerance(capsys):
+    """The README's `tinygrad-ckpt verify` rows: model, strategy, tolerance and verdict as printed.
+
+    Their errors are rounding, different with each BLAS kernel and thread
+    count (STYLE.md, 19), so the excerpt's errors are not compared with
+    this machine's: each is checked to be within its row's tolerance, as
+    the verdict says.
+    """
+    from tinygrad_ckpt import cli
+
+    assert cli.main(["verify", "--no-mpi"]) == 0
+    rows = lambda lines: {tuple(c[:2]): c for c in ([x.strip() for x in line.strip("|").split("|")]  # noqa: E731
+                                                    for line in lines if line.startswith(("| GPT", "| MLP")))}
+    excerpt = next(b for b in _console_blocks() if b.startswith("| model | strategy |"))
+    printed, shown = rows(capsys.readouterr().out.splitlines()), rows(_shown(excerpt))
+    assert len(shown) >= 3, shown
+    for key, cells in shown.items():
+        assert printed[key][5:] == cells[5:], key  # the tolerance and the verdict
+        rtol64, rtol32 = (float(t) for t in cells[5].split(" / "))
+        assert float(cells[3]) <= rtol64 and float(cells[4]) <= rtol32, key
+
+
 def test_the_size_the_readme_states():
     """'the engine is about N lines ..., checkpointing about M, accumulation K': lines of the files, docstrings in."""
     package = ROOT / "tinygrad_ckpt"
