@@ -53,7 +53,12 @@ Four ways to use it:
 Run directly, each tutorial runs with tutorials/ as its working directory, as
 it does when opened as a notebook there, so it writes its pictures to
 figures/ (commit them). Under pytest it runs in a scratch folder instead, so a
-test run leaves the committed pictures alone.
+test run leaves the committed pictures alone. A picture redrawn from data
+that moved only by rounding (another BLAS kernel, another thread count) is
+the same picture in other bytes: after a tutorial runs, each picture of
+figures/ that is the same picture as before (bench/plots.py's
+`same_picture`) gets its old bytes back, so running the tutorials leaves
+git status clean on any machine, and a picture whose data changed is kept.
 
 What one tutorial leaves behind never reaches the next: each starts from a
 collected baseline (gc.collect(), so that no garbage from before is freed in
@@ -270,6 +275,7 @@ def run(path, refresh=False, workdir=HERE, record=None, counts=None):
     counts = {} if counts is None else counts
     counts.update(python=0, output=0, skipped=0)
     start = time.perf_counter()
+    before = _pictures(workdir)
     setup(document.namespace)
     try:
         for example in document.examples():
@@ -282,6 +288,7 @@ def run(path, refresh=False, workdir=HERE, record=None, counts=None):
                 counts[kind] += 1
     finally:
         teardown(document.namespace)
+        _keep_same_pictures(workdir, before)
     seconds = time.perf_counter() - start
     if refresh:
         text = document.text
@@ -290,6 +297,26 @@ def run(path, refresh=False, workdir=HERE, record=None, counts=None):
         with atomic_write(path, "w") as f:  # the package's one atomic writer
             f.write(text)
     return seconds
+
+
+def _pictures(workdir):
+    """{path: bytes} of the PNGs in workdir/figures (none for a scratch folder)."""
+    if workdir is None:
+        return {}
+    return {path: path.read_bytes() for path in (Path(workdir) / "figures").glob("*.png")}
+
+
+def _keep_same_pictures(workdir, before):
+    """Give each picture that a run redrew as the same picture its old bytes back (see the docstring)."""
+    if not before:
+        return
+    from tinygrad_ckpt.bench.plots import same_picture  # matplotlib: only where there are pictures
+
+    for path, old in before.items():
+        new = path.read_bytes() if path.exists() else None
+        if new is not None and new != old and same_picture(old, new):
+            with atomic_write(path, "wb") as f:
+                f.write(old)
 
 
 # -- notebooks: what Jupyter printed, against the Markdown ---------------------------------
