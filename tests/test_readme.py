@@ -51,6 +51,16 @@ def test_ci_runs_the_tutorials_every_documented_way_with_the_documented_commands
         assert command in ran, f"tutorials/README.md says `{command}`, which .ci/run does not run"
 
 
+def test_ci_runs_the_tutorials_and_numerical_tests_under_two_blas_kernels_and_two_thread_counts():
+    """STYLE.md, 19: what the tutorials print survives another BLAS kernel and thread count; CI proves it."""
+    text = CI.read_text()
+    assert 'kernels="Haswell SkylakeX"' in text and "for threads in 1 2; do" in text
+    ran = [line.strip() for line in text.splitlines() if line.strip().startswith("OPENBLAS_CORETYPE=$kernel")]
+    assert "OPENBLAS_CORETYPE=$kernel OPENBLAS_NUM_THREADS=$threads python tutorials/harness.py" in ran
+    assert any("python -m pytest" in line for line in ran)
+    assert 'git status --porcelain -- tutorials' in text  # the committed pictures are left as they were
+
+
 def test_every_install_instruction_works_from_the_clone():
     """The package is not on an index: installing it by name would not resolve; an editable install of the clone, with its extras, does."""
     extras = set(importlib.metadata.metadata("tinygrad_ckpt").get_all("Provides-Extra"))
