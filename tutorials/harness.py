@@ -308,13 +308,13 @@ def _pictures(workdir):
 
 def _keep_same_pictures(workdir, before):
     """Give each picture that a run redrew as the same picture its old bytes back (see the docstring)."""
-    if not before:
+    redrawn = {path: old for path, old in before.items() if path.exists() and path.read_bytes() != old}
+    if not redrawn:
         return
-    from tinygrad_ckpt.bench.plots import same_picture  # matplotlib: only where there are pictures
+    from tinygrad_ckpt.bench.plots import same_picture  # matplotlib: a tutorial that drew has it
 
-    for path, old in before.items():
-        new = path.read_bytes() if path.exists() else None
-        if new is not None and new != old and same_picture(old, new):
+    for path, old in redrawn.items():
+        if same_picture(old, path.read_bytes()):
             with atomic_write(path, "wb") as f:
                 f.write(old)
 
