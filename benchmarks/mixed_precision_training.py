@@ -45,8 +45,8 @@ MARGIN = 0.05  # a 16-bit run's final validation loss may be at most this far (n
 def run(precision, max_steps, init_scale=None):
     """One default run; returns (final validation loss, wall seconds, CPU seconds, the log history).
 
-    init_scale: float16's first loss scale, if not the Trainer's (train.starting_loss_scale: 2**16 over a
-    micro-batch's tokens; the Trainer's scaler replaced).
+    init_scale: float16's first loss scale, if not the Trainer's (PyTorch's 2**16; the Trainer's scaler
+    replaced).
     """
     tokenizer, train_data, val_data = load_char_datasets(None, DEFAULTS["block_size"], 0.1)
     random.manual_seed(DEFAULTS["seed"])  # as cli.py does: dropout's stream (off in the default run)
@@ -83,7 +83,7 @@ def main():
     parser.add_argument("--max-steps", type=int, default=None,
                         help=f"optimizer steps per run (default: the command's own, {DEFAULTS['max_steps']})")
     parser.add_argument("--fp16-init-scale", type=float, default=None, metavar="SCALE",
-                        help="also run float16 with the loss scale starting at SCALE (a fourth row)")
+                        help="also run float16 with the loss scale starting at SCALE, not 2**16 (a fourth row)")
     options = parser.parse_args()
     steps = options.max_steps
     print(f"the default `tinygrad-ckpt train` run, {steps or DEFAULTS['max_steps']} optimizer steps, three precisions; "

@@ -532,18 +532,15 @@ def test_autocast_on_the_gpu_path_makes_no_numpy_call(dtype):
         backend.set_cuda_module(previous_module)
 
 
-def test_a_fresh_fp16_run_starts_its_scale_for_a_summed_loss():
-    """2**16 is PyTorch's start for a mean loss; the Trainer sums over a micro-batch's tokens, so it starts that many
-    times lower (a power of two): with the default, no early step is skipped where 2**16 skips several."""
-    data = char_data(n=64)
-    tokens = 8 * len(data[0]["labels"])
+def test_a_fresh_fp16_run_starts_at_pytorchs_scale_and_backs_off_without_using_up_the_warmup():
+    """The Trainer's scaler starts at PyTorch's 2**16; its summed loss overflows there, so the first steps are
+    skipped while the scale calibrates, and the first step taken gets the warm-up's first learning rate."""
     args = TrainingArguments(per_device_train_batch_size=8, max_steps=6, logging_steps=1, disable_tqdm=True, fp16=True,
-                             learning_rate=1e-2)
-    trainer = Trainer(small_gpt(n_embd=16), args, data)
-    assert trainer.scaler.get_scale() <= 2.0**16 / tokens < 2 * trainer.scaler.get_scale()
-    trainer.train()
-    assert not any("skipped" in e for e in trainer.state.log_history)
-    pytorch_start = Trainer(small_gpt(n_embd=16), args, data)
-    pytorch_start.scaler = GradScaler()
-    pytorch_start.train()
-    assert any("skipped" in e for e in pytorch_start.state.log_history)
+                             learning_rate=1e-2, warmup_steps=4)
+    trainer = Trainer(small_gpt(n_embd=16), args, char_data(n=64))
+    assert trainer.scaler.get_scale() == 2.0**16
+    history = trainer.train()
+    skipped = [e["step"] for e in history if "skipped" in e]
+    taken = [e for e in history if "learning_rate" in e]
+    assert skipped and skipped[0] == 1 and taken
+    assert taken[0]["learning_rate"] == pytest.approx(1e-2 / 4)

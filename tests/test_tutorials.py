@@ -239,6 +239,40 @@ def test_every_picture_is_shown_by_some_tutorial():
     assert on_disk <= shown, f"pictures no tutorial shows: {sorted(on_disk - shown)}"
 
 
+SOLUTION = re.compile(r"^<details><summary>Solution</summary>\n(.*?)^</details>$", re.MULTILINE | re.DOTALL)
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def _exercises(text):
+    """Each numbered item of the Exercises section, with what follows it up to the next item."""
+    return re.split(r"(?m)^(?=\d+\. )", text.split("\n## Exercises\n", 1)[1])[1:]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_exercise_is_followed_by_a_worked_solution_in_a_fold(path):
+    """Right after each exercise's text: <details><summary>Solution</summary>, with code the harness runs."""
+    text = path.read_text()
+    exercises = _exercises(text)
+    assert exercises, f"{path.name} has no numbered exercises"
+    for n, item in enumerate(exercises, start=1):
+        folds = SOLUTION.findall(item)
+        assert len(folds) == 1, (f"{path.name}, exercise {n}: {len(folds)} solution folds after its text; want one "
+                                 "'<details><summary>Solution</summary>' ... '</details>', each on a line of its own")
+        assert PYTHON_BLOCK.search(folds[0]), f"{path.name}, exercise {n}: its solution has no ```python block to run"
+        assert not item.split("<details>")[0].count("```"), f"{path.name}, exercise {n}: code before its fold"
+
+
+def test_exercise_solutions_in_folds_are_run_and_checked(tmp_path):
+    """A fenced block inside <details> is a block like any other: run, and its output compared."""
+    text = ("# T\n\n## Exercises\n\n1. Multiply.\n\n<details><summary>Solution</summary>\n\n"
+            "```python\nprint(6 * 7)\n```\n\n```output\n{}\n```\n\n</details>\n")
+    harness.run(_write(tmp_path, text.format(42)))
+    with pytest.raises(AssertionError, match="Expected:\n    43\nGot:\n    42"):
+        harness.run(_write(tmp_path, text.format(43)))
+    missing = _write(tmp_path, "# T\n\n## Exercises\n\n1. Multiply.\n\n2. Divide.\n\n" + text.split("1. Multiply.\n\n")[1])
+    assert [bool(SOLUTION.findall(item)) for item in _exercises(missing.read_text())] == [False, True]
+
+
 def test_readmes_link_every_tutorial_in_order():
     for readme in (TUTORIALS / "README.md", ROOT / "README.md"):
         text = readme.read_text()

@@ -5,7 +5,8 @@ names). Off, the engine pays one test of the `enabled` flag per op
 (Function.apply) and per record walked (the walk in tape.py). On, every
 record keeps the stack that created it (`capture_stack`), every op's forward
 outputs are checked (`check_outputs`) and every gradient a backward returns
-(`check_gradients`); an error names the record and the innermost line of
+(`check_gradients`; with `loss_scaling`, an overflow in a scaled loss's
+backward is left to the GradScaler); an error names the record and the innermost line of
 user code that created it (`origin`), which the version check's hint uses
 too (versions.py).
 
@@ -19,12 +20,20 @@ import traceback
 from . import backend
 
 enabled = False  # switched by autograd.detect_anomaly(); read by Function.apply and the walk
+loss_scaling = False  # detect_anomaly(loss_scaling=True): backward's overflow is the GradScaler's (check_gradients)
 
 
 def set_enabled(mode):
     """Switch anomaly mode on or off; returns the previous setting."""
     global enabled
     previous, enabled = enabled, bool(mode)
+    return previous
+
+
+def set_loss_scaling(mode):
+    """Say whether the backward is of a scaled loss (GradScaler); returns the previous setting."""
+    global loss_scaling
+    previous, loss_scaling = loss_scaling, bool(mode)
     return previous
 
 
@@ -102,12 +111,21 @@ def check_outputs(op, node, input_arrays, outputs):
 
 
 def check_gradients(node, out_grads, in_grads):
-    """Anomaly mode: raise at a record whose backward returned a NaN or infinite gradient."""
+    """Anomaly mode: raise at a record whose backward returned a NaN or infinite gradient.
+
+    With loss_scaling on (the backward of a GradScaler's scaled loss), an
+    infinite gradient is an overflow the scaler will find and skip, and a NaN
+    made from one (inf - inf, inf * 0) is its consequence: neither is an
+    anomaly, as PyTorch's anomaly mode never flags inf. A NaN returned from
+    finite gradients still is.
+    """
     for i, g in enumerate(in_grads):
         bad = _nonfinite(g)
         if bad is None:
             continue
         received = [k for k in map(_nonfinite, out_grads) if k]
+        if loss_scaling and (bad == "inf" or received):
+            continue
         came_in = f"; the gradient it received already held {received[0]} values" if received else ""
         stack = getattr(node, "stack", None)
         where = (origin(stack) if stack is not None else

@@ -41,6 +41,8 @@ way. An in-place change caught by backward names that line as well.
 An infinity that reaches an op through an input (a -inf attention mask
 filled in by masked_fill) is taken as intended; a NaN never is. (PyTorch's
 own detect_anomaly checks less: tutorial 1 compares them.)
+`detect_anomaly(loss_scaling=True)` leaves an overflow in the backward of a
+GradScaler's scaled loss to the scaler, which skips that step.
 
 The checks copy one boolean per array to the host (on a GPU, a wait each)
 and capture a stack per record: slow, for debugging. Off, the engine pays a
@@ -64,8 +66,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     sequence, each requiring grad (leaves or computed tensors). An input the
     outputs do not depend on is an error, or None with allow_unused=True.
     retain_graph: keep the saved arrays for another backward (default
-    create_graph, so False). create_graph=True is not supported (see the
-    module docstring).
+    create_graph, so False); without it, a second call through the same
+    records is an error naming this call and the record (PyTorch's "Trying
+    to backward through the graph a second time"). create_graph=True is not
+    supported (see the module docstring).
     """
     _no_create_graph(create_graph, "autograd.grad")
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
@@ -160,14 +164,25 @@ class set_detect_anomaly:
 
 
 class detect_anomaly:
-    """Anomaly mode inside the block (see the module docstring); the previous setting after it."""
+    """Anomaly mode inside the block (see the module docstring); the previous setting after it.
+
+    loss_scaling=True: the backward is of a GradScaler's scaled loss, whose
+    float16 gradients may overflow; the scaler skips that step, so an
+    infinite gradient in backward, and a NaN made from one, is not an
+    anomaly. A NaN from finite gradients still is, and the forward is
+    checked as ever. The Trainer sets it with fp16=True.
+    """
+
+    def __init__(self, loss_scaling=False):
+        self.loss_scaling = loss_scaling
 
     def __enter__(self):
-        self.previous = anomaly.set_enabled(True)
+        self.previous = anomaly.set_enabled(True), anomaly.set_loss_scaling(self.loss_scaling)
         return self
 
     def __exit__(self, *exc):
-        anomaly.set_enabled(self.previous)
+        anomaly.set_enabled(self.previous[0])
+        anomaly.set_loss_scaling(self.previous[1])
 
 
 def is_anomaly_enabled():

@@ -7,7 +7,10 @@ runs on both devices. Nothing outside this file imports CuPy.
 What lives here: the device names ('cpu', 'cuda', and 'meta' once the lab's
 meta.py is imported), the array module of an array, explicit host/device
 transfers, and the buffer that owns an array's memory (the memory
-accounting counts buffers, not views).
+accounting counts buffers, not views). And the meta device's refusal
+(`NeedsValues`): a device whose arrays have no values refuses every
+question about them, as PyTorch's meta tensors do, so the engine's reads
+(numpy(), item(), a state_dict, a copy to the CPU) name the call that asked.
 
 What does not: any op, any tensor logic.
 """
@@ -133,8 +136,21 @@ def on_cpu(array):
 
 def holds_values(device):
     """False for the meta device, whose arrays have no values: code that would draw random
-    values for it (an initialisation, a dropout mask) makes an empty array instead."""
+    values for it (an initialisation, a dropout mask) makes an empty array instead, and code
+    that would read one (a loss to log, a check for overflow) does not ask."""
     return device != "meta"
+
+
+class NeedsValues(RuntimeError):
+    """A question about values, asked of an array that has none (the meta device's)."""
+
+
+def no_values(what, array, hint=None):
+    """The NeedsValues error for `what` (the call, e.g. "item()") asked of a meta `array`."""
+    hint = hint or ("Code run on device='meta' sizes a step: it may not read or branch on values. "
+                    "Build on device='cpu' or 'cuda' to compute them.")
+    return NeedsValues(f"{what}: a meta tensor has no values; it has a shape {tuple(array.shape)} and a dtype "
+                       f"{array.dtype}. {hint}")
 
 
 def array_module(*arrays):
@@ -163,18 +179,31 @@ def unbroadcast(grad, shape):
 
 
 def to_device(array, device):
-    """An explicit copy of `array` onto `device` (no copy if already there)."""
+    """An explicit copy of `array` onto `device` (no copy if already there).
+
+    From the meta device to another: NeedsValues (there is nothing to copy;
+    Module.to_empty makes a model's arrays on a device, without values).
+    """
     if device_of(array) == device:
         return array
+    if device_of(array) == "meta":
+        raise no_values(f".to({device!r})", array,
+                        "There is nothing to copy: make the arrays on the device without values with "
+                        "Module.to_empty(device=...) and load or initialise them (PyTorch's to_empty).")
     if device == "cpu":
         return to_host(array)
     return module_for(device).asarray(array)
 
 
-def to_host(array):
-    """A NumPy copy of any array. The one sanctioned device-to-host transfer."""
+def to_host(array, what="a copy to the host (backend.to_host)"):
+    """A NumPy copy of any array. The one sanctioned device-to-host transfer.
+
+    A meta array has nothing to copy: NeedsValues, naming `what` asked.
+    """
     if isinstance(array, numpy.ndarray):
         return array
+    if device_of(array) == "meta":
+        raise no_values(what, array)
     return array.get()
 
 

@@ -44,6 +44,7 @@ from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
 from .nn.module import LoadStateDictError
 from .testing import verify
+from .threads import limited_threads
 from .train import TrainingArguments, Trainer
 
 # The default run: a 3-layer character GPT (348k parameters) on the embedded
@@ -92,6 +93,9 @@ def add_train_arguments(parser):
     model.add_argument("--n-embd", type=_positive_int, default=d["n_embd"], help="embedding width (default: %(default)s)")
     model.add_argument("--dropout", type=_probability, default=d["dropout"], help="dropout probability (default: %(default)s)")
     model.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="'cuda' needs CuPy and a GPU (default: %(default)s)")
+    model.add_argument("--threads", type=_positive_int, default=None,
+                       help="BLAS threads for training (default: BLAS's own, one per core; on a busy machine 1 is "
+                            "faster: benchmarks/README.md, 'On a busy machine'); sampling always runs on one")
 
     training = parser.add_argument_group("training (TrainingArguments, as in Hugging Face)")
     add_dataclass_arguments(training, TrainingArguments, d)
@@ -104,7 +108,8 @@ def add_train_arguments(parser):
                                "in --output-dir that verifies)")
 
     out = parser.add_argument_group("after training")
-    out.add_argument("--sample-chars", type=_count, default=300, help="characters to sample at the end; 0: none (default: %(default)s)")
+    out.add_argument("--sample-chars", type=_count, default=300,
+                     help="characters to sample at the end, on one BLAS thread; 0: none (default: %(default)s)")
     out.add_argument("--temperature", type=_positive_float, default=0.8, help="sampling temperature, > 0 (default: %(default)s)")
 
 
@@ -229,7 +234,8 @@ def _train(args, parallel):
     )
     for line in training_header(trainer):
         print(line)
-    history = trainer.train(resume_from_checkpoint=args.resume)
+    with limited_threads(args.threads):  # None: as BLAS set itself up
+        history = trainer.train(resume_from_checkpoint=args.resume)
 
     evals = [e["eval_loss"] for e in history if "eval_loss" in e]
     logs = [e for e in history if "loss" in e]
@@ -245,8 +251,12 @@ def _train(args, parallel):
     if args.sample_chars > 0:
         model.eval()
         prompt = "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
-        ids = model.generate(tokenizer.encode(prompt)[None, :], args.sample_chars,
-                             temperature=args.temperature, rng=numpy.random.default_rng(args.seed))
+        # One BLAS thread: each character is a forward on one sequence, products too small to split
+        # among threads, and on a busy machine threads that wait for a core make it many times slower
+        # (threads.py; benchmarks/README.md, "On a busy machine").
+        with limited_threads(1):
+            ids = model.generate(tokenizer.encode(prompt)[None, :], args.sample_chars,
+                                 temperature=args.temperature, rng=numpy.random.default_rng(args.seed))
         print("sample:\n" + tokenizer.decode(ids[0, len(prompt):]))
     print(f"time: {time.perf_counter() - start:.1f} s wall clock, {time.process_time() - cpu_start:.1f} s of CPU "
           "(all threads of this process)")

@@ -87,7 +87,9 @@ formulas (activations.py), the planner (schedules.py), the command line (cli.py)
 import argparse
 import dataclasses
 import math
+import pathlib
 import re
+import traceback
 from array import array
 from dataclasses import dataclass, field
 
@@ -217,21 +219,30 @@ def model_config(model):
 
 def device_memory_bytes(memory):
     """(bytes, label) from a GPU preset's name (its total as CUDA reports it), a number of bytes, or a size
-    such as '24GiB' or '16 GB'."""
+    with its unit such as '24GiB', '16 GB' or '17179869184B'.
+
+    A string that is a bare number is refused: '3090' is a GPU's name far
+    more often than 3,090 bytes, so a size written as text says its unit.
+    """
     if isinstance(memory, str):
         key = memory.strip().lower()
         if key in GPUS:
             name, nominal, gib = GPUS[key]
             return round(gib * GiB), f"{name}, {nominal} GB nominal, {gib} GiB as CUDA reports it"
         number = key.rstrip("abcdefghijklmnopqrstuvwxyz ")
-        unit = key[len(number):].strip() or "b"
+        unit = key[len(number):].strip()
+        if not unit and re.fullmatch(r"[0-9.e+]+", number):  # a number, not 'h300'
+            like = [g for g in GPUS if len(number) > 1 and number in g]  # "3090" -> rtx-3090
+            raise ValueError(f"device memory {memory!r} is a bare number: give a GPU preset "
+                             f"({', '.join(GPUS)}{'; did you mean ' + ' or '.join(like) + '?' if like else ''}) "
+                             f"or a size with its unit ({memory.strip()}B for bytes, 24GiB, 16GB)")
         try:
             value = float(number) if unit in UNITS else None
         except ValueError:  # 'h300', 'a100': a GPU's name this table does not have
             value = None
         if value is None or not math.isfinite(value):
             raise ValueError(f"device memory {memory!r} is neither a GPU preset ({', '.join(GPUS)}) nor a size "
-                             "such as 24GiB, 16GB or 17179869184")
+                             "such as 24GiB, 16GB or 17179869184B")
         memory = int(value * UNITS[unit])
     if (isinstance(memory, bool) or not isinstance(memory, (int, float)) or not math.isfinite(memory)
             or memory <= 0):
@@ -331,11 +342,17 @@ class _Recorder(memory.MemoryTracker):
 def estimate_step(model, batch_shapes, compute_loss_func=None, training_arguments=None, device="cuda"):
     """One optimizer step of `model`, run by the Trainer on the meta device: a StepMemory.
 
-        model = MLP(784, [512, 512], 10, device="meta")    # no values, nothing drawn
-        step = estimate_step(model, {"x": ((64, 784), "float32"), "y": ((64,), "int64")},
-                             lambda model, b: (F.cross_entropy(model(Tensor(b["x"], device="meta")),
-                                                               b["y"], reduction="sum"), len(b["y"])))
-        step.peak_bytes, step.at_peak, step.device_peak_bytes
+    >>> from tinygrad_ckpt import Tensor, functional as F
+    >>> from tinygrad_ckpt.nn import MLP
+    >>> model = MLP(784, 512, 10, n_layers=2, device="meta")    # no values, nothing drawn
+    >>> def loss(model, b):                                     # (sum of the losses, items)
+    ...     logits = model(Tensor(b["x"], device="meta"))
+    ...     return F.cross_entropy(logits, b["y"], reduction="sum"), len(b["y"])
+    >>> step = estimate_step(model, {"x": ((64, 784), "float32"), "y": ((64,), "int64")}, loss)
+    >>> step.start["parameters"]                # (784*512 + 512 + 512*512 + 512 + 512*10 + 10) * 4 bytes
+    2678824
+    >>> step.peak_bytes, step.device_peak_bytes
+    (13525200, 15532192)
 
     model: any Module built with device="meta" (its arrays are entered into
     the count, as Module.to enters them). batch_shapes: {field: (shape, dtype)}
@@ -348,6 +365,9 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     "cpu", the device the meta device stands in for (meta.like).
 
     The model is left as the Trainer leaves it (checkpointing switched on if asked).
+    A step that asks for a value (`.item()`, `if loss > 0:`) cannot be sized
+    without values, and following a made-up branch would size another step:
+    meta.NeedsValues, naming the line that asked.
     """
     from .train import Trainer, TrainingArguments
 
@@ -380,7 +400,12 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
         with meta.counting(points=True, stands_in_for=device) as count:
             _enter(model, recorder, count)
             trainer = Trainer(model, args, [example] * B, data_collator=collate, compute_loss_func=compute_loss_func)
-            trainer.train()
+            try:
+                trainer.train()
+            except meta.NeedsValues as e:
+                raise meta.NeedsValues(f"estimate_step: the step asks for a value at {_asking_line(e)}; the meta "
+                                       f"device has none (a branch taken on a made-up one would size another "
+                                       f"step). {e}") from e
             # On the CPU the batch is host memory and device memory at once: what the step never brought
             # to the meta device (say, labels read on the host only) is added, as alive through the step.
             constant = 0 if device == "cuda" else sum(a.nbytes for batch in batches for a in batch.values()
@@ -392,6 +417,18 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     trace = (recorder.labels, recorder.allocations, count.sizes, recorder.live_at_start)
     return StepMemory(recorder.peak_total, dict(recorder.peak), highest, recorder.start, count.peak + constant,
                       constant, recorder.recomputed_flops, points, count.points, trace)
+
+
+def _asking_line(error):
+    """'file:line: code' of the innermost frame of `error` outside the engine's plumbing (the tensor, the
+    backend, the ops, the meta device): the line that asked for a value."""
+    package = pathlib.Path(backend.__file__).parent
+    plumbing = {package / name for name in ("tensor.py", "backend.py", "function.py", "meta.py")}
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = pathlib.Path(frame.filename)
+        if path not in plumbing and path.parent != package / "ops":
+            return f"{frame.filename}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
+    return "an unknown line"
 
 
 def _enter(model, recorder, count):
@@ -938,9 +975,10 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     "gpt2-xl") or a dict of GPTConfig's fields. seq_len: tokens per example
     (default the model's block_size). effective_batch_size: examples per
     optimizer step, over all processes (= micro-batch x accumulation steps x
-    processes). device_memory: a GPU preset (GPUS), bytes, or a size such as
-    "24GiB". dtype, mixed_precision: see the module docstring. processes:
-    data-parallel processes, each holding the whole model (distributed.py).
+    processes). device_memory: a GPU preset (GPUS), bytes (an int), or a size
+    with its unit such as "24GiB" (a bare number as text is refused). dtype,
+    mixed_precision: see the module docstring. processes: data-parallel
+    processes, each holding the whole model (distributed.py).
     reserve_bytes: memory to keep free (CUDA context, allocator); default
     DEFAULT_RESERVE (0.5 GiB) for a GPU preset, 0 for a size given. nested_plans: let
     the planner recompute some blocks more than once (slower to plan and to
@@ -1083,8 +1121,9 @@ def _better_than_every(plan, row):
     if rank(every) <= rank(row):
         return row
     segments = [(i, i + 1, True) for i in range(plan.config.n_layer)]
-    return StrategyFit(row.key, row.label, every.checkpointing, every.largest_micro_batch, every.micro_batch,
-                       every.accumulation_steps, every.memory, every.recompute_ratio, Plan(segments, 0, 0.0))
+    # Its label must not say "cuts every 2 blocks" above a plan that cuts at every block.
+    return StrategyFit(row.key, f"{PLANNER[1]}: every block", every.checkpointing, every.largest_micro_batch,
+                       every.micro_batch, every.accumulation_steps, every.memory, every.recompute_ratio, Plan(segments, 0, 0.0))
 
 
 def _fixed(plan, key_label, checkpointing, memory, largest, micro, ratio, plan_):
@@ -1167,6 +1206,29 @@ def _size(n):
     return f"{n} B"
 
 
+def _plan_text(segments, n_layer):
+    """A plan in words: 'every block checkpointed', or its segments ('[0:8]* [8:10]', * = checkpointed) with
+    a run of three or more alike ones written as its first and last and a count, so that a 48-block plan
+    stays one short line."""
+    if list(segments) == [(i, i + 1, True) for i in range(n_layer)]:
+        return f"every block checkpointed, each of the {n_layer} a segment of its own (as the 'every block' row)"
+    parts, k = [], 0
+    while k < len(segments):
+        a, b, how = segments[k]
+        run = 1
+        while (k + run < len(segments) and not isinstance(how, list) and segments[k + run][2] == how
+               and segments[k + run][1] - segments[k + run][0] == b - a):
+            run += 1
+        if run >= 3:
+            size = "1 block" if b - a == 1 else f"{b - a} blocks"
+            parts.append(f"{describe(segments[k:k + 1])} ... {describe(segments[k + run - 1:k + run])} "
+                         f"({run} segments of {size})")
+        else:
+            parts.append(describe(segments[k:k + run]))
+        k += run
+    return " ".join(parts) + " (blocks; * = checkpointed)"
+
+
 def render(plan):
     """The plan as text: what was asked, a table of the strategies, the recommendation."""
     c, prec = plan.config, plan.precision
@@ -1196,7 +1258,7 @@ def render(plan):
         lines.append("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths))))
     planner = plan.row("planner")
     if planner.plan is not None and planner.checkpointing is not None:
-        lines += ["", f"planner's plan (blocks; * = checkpointed): {describe(planner.plan.segments)}"]
+        lines += ["", f"planner's plan: {_plan_text(planner.plan.segments, c.n_layer)}"]
     rec = plan.recommendation
     lines += ["", f"Recommendation: {rec.verdict} ({rec.reason})."]
     if rec.training_arguments:
@@ -1207,7 +1269,12 @@ def render(plan):
               "and fits, x the gradient accumulation steps.",
               "planner at the budget: schedules.plan_checkpoints, given as its budget for saved activations the usable "
               "memory less the rest of the step (parameters, gradients, buffers, optimizer state): the plan that fits "
-              "and recomputes least.",
+              "and recomputes least"
+              + ("; 'cuts every k blocks': it may cut only between groups of k blocks (--planner-layers)"
+                 if "cuts every" in planner.label else "")
+              + ("; ': every block': checkpointing every block measured better than the planner's own plans "
+                 "(--planner-layers sets where those may cut)" if planner.label.endswith(": every block") else "")
+              + ".",
               "time: a step's FLOPs with the recomputation over a step's without (about three forwards); "
               "peaks are memory.py's count of the step run on the meta device, exact for this engine "
               + "in every precision."]
@@ -1258,7 +1325,8 @@ def add_arguments(parser):
                           "(--no-mixed-precision)")
     hw = parser.add_argument_group("device")
     hw.add_argument("--memory", default="a100-80gb",
-                    help="a GPU (" + ", ".join(GPUS) + "), or a size: 24GiB, 16GB, bytes (default: %(default)s)")
+                    help="a GPU (" + ", ".join(GPUS) + "), or a size with its unit: 24GiB, 16GB, 17179869184B "
+                         "(default: %(default)s)")
     hw.add_argument("--reserve", default=None, metavar="SIZE",
                     help="memory to keep free: the CUDA context, the allocator's overheads (default: 0.5 GiB for a "
                          "GPU preset, 0 for a size)")
@@ -1284,11 +1352,12 @@ def run(args):
         reserve = None if args.reserve is None else 0
         if args.reserve is not None and args.reserve.strip() not in ("0", ""):
             if args.reserve.strip().lower() in GPUS:
-                raise ValueError(f"--reserve {args.reserve!r}: give a size such as 2GiB, 500MB or bytes")
+                raise ValueError(f"--reserve {args.reserve!r}: give a size such as 2GiB, 500MB or 536870912B")
             try:
                 reserve = device_memory_bytes(args.reserve)[0]
             except ValueError:
-                raise ValueError(f"--reserve {args.reserve!r} is not a size such as 2GiB, 500MB or bytes") from None
+                raise ValueError(f"--reserve {args.reserve!r} is not a size with its unit, such as 2GiB, 500MB or "
+                                 "536870912B") from None
         plan = plan_training(model, args.seq_len, args.effective_batch_size, args.memory, args.dtype,
                              args.mixed_precision, args.processes, reserve, args.nested_plans,
                              args.planner_layers)

@@ -47,6 +47,11 @@ non-reentrant checkpoint does not push "no hooks": its recompute runs under
 saved-tensor hooks of its own (`_recomputation_hook` in
 torch/utils/checkpoint.py), which pack what it saves into the forward's
 handles; being innermost, they too keep the caller's hooks out.
+What the hooks must keep: pack must not change its tensor in place (it is
+the array backward reads; PyTorch refuses that too), and unpack must give
+back a tensor of the saved array's shape and device, and of its dtype or
+another floating one. Each is an error naming the hook and the record,
+before the op's backward could fail with NumPy's message instead.
 
 0-d results: NumPy hands back a scalar (numpy.float64), not a 0-d array, from
 most operations on 0-d arrays. `run_forward` and `run_backward` are the one
@@ -69,6 +74,7 @@ class Context:
     computed = True  # False for an op a checkpoint's recompute did not run (its outputs are placeholders)
     packed = None  # what saved_tensors_hooks' pack returned, per saved array (None: no hooks)
     packed_arrays = ()  # the arrays in it that count as saved activations
+    packed_meta = None  # per saved array, (shape, dtype, device) as pack was given it: what unpack must give back
     unpack_hook = None
 
     def __init__(self, op, needs_input_grad):
@@ -113,7 +119,7 @@ class Context:
         else:
             self.saved_arrays = ()  # saved nothing, lost nothing: it may be walked again, as in PyTorch
         self.saved_versions = ()
-        self.packed, self.packed_arrays = None, ()
+        self.packed, self.packed_arrays, self.packed_meta = None, (), None
 
     def __del__(self):
         # A record that dies without a backward (its output was dropped) lets go
@@ -151,11 +157,15 @@ class Context:
             packed.append(p)
             counted += arrays
             memory.release(a, "activations")
+        self.packed_meta = tuple(None if a is None else _metadata(a) for a in self.saved_arrays)
         self.saved_arrays, self.packed, self.packed_arrays = (), packed, tuple(counted)
 
-    def unpack(self):
-        """The saved arrays back from what pack kept, for this record's backward."""
-        arrays = tuple(None if p is None else unpack_saved(self.unpack_hook, p, self.op) for p in self.packed)
+    def unpack(self, node=None):
+        """The saved arrays back from what pack kept, for this record's backward (`node`: named in errors)."""
+        what = node.describe() if node is not None else self.op
+        meta = self.packed_meta or (None,) * len(self.packed)
+        arrays = tuple(None if p is None else unpack_saved(self.unpack_hook, p, what, i, m)
+                       for i, (p, m) in enumerate(zip(self.packed, meta)))
         for a in arrays:
             if a is not None:
                 memory.track(a, "activations")
@@ -335,8 +345,16 @@ def pack_saved(pack_hook, t):
     """(pack_hook(t), the arrays in it now counted as saved activations: its tensors on t's device).
 
     Run under no_grad. Whoever keeps the packed form releases those arrays' holds when done.
+    A pack hook that changes t in place is refused, as in PyTorch (torch/csrc/autograd/saved_variable.cpp):
+    t is the very array backward will read.
     """
+    version = t._version
     packed = _run_hook(pack_hook, t)
+    if t._version != version:
+        raise RuntimeError(
+            f"saved_tensors_hooks: the pack hook {tape.hook_name(pack_hook)} is modifying its input in place. "
+            "Tensors provided as input to pack hook can not be modified by in-place operations as this can "
+            "lead to unexpected side-effects (it is the array backward reads). Pack a copy: t.clone()")
     counted = [held.data for held in _tensors_in(packed) if held.device == t.device]
     for a in counted:
         memory.track(a, "activations")
@@ -353,15 +371,55 @@ def _run_hook(hook, value):
         del _saved_hooks[depth:]
 
 
-def unpack_saved(unpack_hook, packed, op="an op"):
-    """unpack_hook(packed), under no_grad: the array for backward."""
+def unpack_saved(unpack_hook, packed, what="an op", position=0, expected=None):
+    """unpack_hook(packed), under no_grad: the array for backward.
+
+    what: the record (or op) whose saved array this is, and position: which
+    of its saved arrays, both for the errors; expected: (shape, dtype, device)
+    of the array pack was given, or None. The result must have that shape and
+    device, and that dtype or another floating one (backward then computes in
+    it and validate_gradients casts the gradient back, as PyTorch's
+    validate_outputs does): anything else would fail inside the op's backward
+    with NumPy's message, far from the hook. PyTorch checks only that unpack
+    returns a Tensor; its wording for a tensor that comes back different is
+    the non-reentrant checkpoint's (torch/utils/checkpoint.py,
+    check_recomputed_tensors_match), used here.
+    """
     from .tensor import Tensor  # imported here: tensor.py imports this module
 
     t = _run_hook(unpack_hook, packed)
     if not isinstance(t, Tensor):
-        raise TypeError(f"saved_tensors_hooks: the unpack hook returned a {type(t).__name__} for an array {op} "
-                        "saved; it must return a Tensor")
+        raise TypeError(f"saved_tensors_hooks: Output of saved tensor unpack_hook expected to be a Tensor but got "
+                        f"result of type {type(t).__name__} (the unpack hook {tape.hook_name(unpack_hook)}, for the "
+                        f"array {what} saved at position {position})")
+    if expected is not None:
+        got = _metadata(t.data)
+        if got[0] != expected[0] or got[2] != expected[2] or not _same_kind(got[1], expected[1]):
+            raise RuntimeError(
+                f"saved_tensors_hooks: the unpack hook {tape.hook_name(unpack_hook)} returned a tensor with different "
+                f"metadata than the array {what} saved at position {position}:\n"
+                f"saved metadata: {_describe_metadata(expected)}\nunpacked metadata: {_describe_metadata(got)}\n"
+                "An unpack hook gives back the tensor its pack hook was given: the same shape and device, and "
+                "the same dtype (or another floating one)")
     return t.data
+
+
+def _metadata(a):
+    """(shape, dtype, device) of a saved array: what its unpacked tensor must match."""
+    return tuple(a.shape), a.dtype, backend.device_of(a)
+
+
+def _describe_metadata(meta):
+    shape, dtype, device = meta
+    return f"{{'shape': {shape}, 'dtype': {dtype}, 'device': {device!r}}}"
+
+
+def _same_kind(got, saved):
+    """The same dtype, or two floating ones (bfloat16 from ml_dtypes is kind 'V' to NumPy)."""
+    def floating(d):
+        return d.kind in "fc" or d.name == "bfloat16"
+
+    return got == saved or (floating(got) and floating(saved))
 
 
 def _alias(a, tensors):

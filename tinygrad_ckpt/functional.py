@@ -5,6 +5,8 @@ handling: flattening (B, T, C) logits for cross-entropy, drawing a dropout
 mask from a generator, defaulting layer-norm's weight and bias.
 """
 
+import numbers
+
 import numpy
 
 from . import backend, random
@@ -85,7 +87,9 @@ def log_softmax(x, axis=-1):
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Layer norm over the last axis; `normalized_shape` must be (C,)."""
-    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if isinstance(normalized_shape, numbers.Integral):  # a NumPy integer too
+        normalized_shape = (int(normalized_shape),)
+    normalized_shape = tuple(int(n) for n in normalized_shape)
     if normalized_shape != x.shape[-1:]:
         raise ValueError(
             f"layer_norm normalises over the last axis only: normalized_shape {normalized_shape} "
@@ -205,6 +209,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     padding='valid' is 0; padding='same' (stride 1 only) keeps H and W, as PyTorch's: the
     dilation (k - 1) padded pixels are split evenly, the odd one at the end (bottom, right).
     """
+    if isinstance(padding, str) and padding not in ("valid", "same"):
+        raise ValueError(f"conv2d: invalid padding string {padding!r}, should be one of 'same', 'valid' "
+                         "(or an int, or a pair of ints)")
     if padding == "valid":
         padding = 0
     elif padding == "same":

@@ -1,9 +1,15 @@
 """The meta device: arrays with a shape, a dtype and a layout, and no data.
 
 To know what a training step will hold, run the same code on arrays that
-have no data. That is how PyTorch answers it (tensors on its "meta" device,
-FakeTensor) and JAX (`jax.eval_shape`); here it is a third array module
-beside NumPy and CuPy, plugged in through the backend's seam as the strict
+have no data. PyTorch runs its code on such tensors (its "meta" device,
+FakeTensor) and JAX on such values (`jax.eval_shape`), but both answer
+only what an operation gives back: shapes and dtypes. Neither counts bytes
+that way: JAX's answer about memory is the compiler's, the memory analysis
+of the compiled computation (`jax.jit(f).lower(*args).compile()
+.memory_analysis()`, jax/_src/stages.py). Here the engine runs eagerly, one
+op after another, so the count of its arrays as they come and go is the
+step's memory: the meta device is a third array module beside NumPy and
+CuPy that also counts, plugged in through the backend's seam as the strict
 CuPy stand-in is:
 
     from tinygrad_ckpt import meta      # installs device="meta"
@@ -32,15 +38,24 @@ costs nothing and a copy costs its bytes:
 dtypes follow NumPy's promotion: each elementwise function asks NumPy's
 ufunc which dtype it would return (`ufunc.resolve_dtypes`).
 
-What needs values cannot run here, and says so (`NeedsValues`): float(),
-bool(), int(), .item() and indexing with a boolean mask. The one way out,
-an explicit copy to the host (`get()`, backend.to_host), has a stated
-rule: **values read back from the meta device are zeros**. For a training
-step that means: the loss printed is 0; the step is finite, so it is taken;
-the gradient norm is 0, so clipping leaves the gradients as they are (its
-other branch scales them in place, which allocates nothing either).
+What needs values cannot run here, and says so (`NeedsValues`, as
+PyTorch's meta tensors refuse `.item()`): float(), bool(), int(), .item(),
+.tolist(), indexing with a boolean mask, and a copy to the host (`get()`,
+backend.to_host, Tensor.numpy(), .to("cpu")). No value is ever made up: a
+zero read back would be a wrong answer that flows into the next one (a
+branch taken, a step skipped). Code that runs a whole training step here
+asks backend.holds_values instead of reading: the Trainer logs no loss,
+the loss scaler finds no overflow (there are no values to overflow, so the
+step is taken, as a finite step is), and clipping computes the norm's
+arrays and scales nothing (scaling in place allocates nothing either way).
 Random draws make nothing to draw from: on the meta device `random`
-functions of the engine return arrays without values (backend.holds_values).
+functions of the engine return arrays without values.
+
+Every op checks its operands' shapes as NumPy would (broadcasting,
+matmul's inner axes, concatenation, reshape): a step that could not run on
+the CPU cannot be sized here (tests/test_meta_shapes.py draws op calls and
+runs them on both devices). What only values decide (an integer index out
+of range, a mask's count of True) is not checked.
 
 `like` says which device the meta device stands in for: "cuda" (the
 default: a GPU, where a host array brought over is a copy, and CuPy's
@@ -74,15 +89,14 @@ newaxis, pi, e, inf, nan = None, numpy.pi, numpy.e, numpy.inf, numpy.nan
 like = "cuda"  # the device the meta device stands in for: "cuda" or "cpu" (see the module docstring)
 
 
-class NeedsValues(RuntimeError):
-    """An operation that would need an array's values, asked of an array that has none."""
+NeedsValues = backend.NeedsValues  # a question about values, asked of an array that has none
 
 
-def _needs_values(what):
-    return NeedsValues(
-        f"{what} needs the array's values, and a meta array has none (it has a shape and a dtype). "
-        "Code run on device='meta' must not branch on values; an explicit copy to the host "
-        "(backend.to_host) reads zeros")
+def _needs_values(what, array=None):
+    if array is not None:
+        return backend.no_values(what, array)
+    return NeedsValues(f"{what}: a meta tensor has no values (it has a shape and a dtype). Code run on "
+                       "device='meta' sizes a step: it may not read or branch on values.")
 
 
 # -- the count of live bytes -------------------------------------------------------
@@ -190,34 +204,33 @@ class ndarray:
 
     # -- values: none ------------------------------------------------------------
     def __bool__(self):
-        raise _needs_values("bool()")
+        raise _needs_values("bool()", self)
 
     def __float__(self):
-        raise _needs_values("float()")
+        raise _needs_values("float()", self)
 
     def __int__(self):
-        raise _needs_values("int()")
+        raise _needs_values("int()", self)
 
     def __index__(self):
-        raise _needs_values("using it as a Python integer")
+        raise _needs_values("using it as a Python integer", self)
 
     def item(self):
-        raise _needs_values(".item()")
+        raise _needs_values(".item()", self)
 
     def tolist(self):
-        raise _needs_values(".tolist()")
+        raise _needs_values(".tolist()", self)
 
     def __array__(self, *args, **kwargs):
-        raise TypeError("a meta array has no values to give NumPy; copy it explicitly with backend.to_host "
-                        "(which reads zeros)")
+        raise _needs_values("numpy.asarray()", self)
 
     def __array_function__(self, func, types, args, kwargs):
         raise TypeError(f"numpy.{func.__name__} was applied to a meta array: use the array module of the "
                         f"inputs, xp = backend.array_module(array); xp.{func.__name__}(...)")
 
     def get(self, stream=None):
-        """The explicit copy to the host: zeros of this shape and dtype (the meta device's rule)."""
-        return numpy.zeros(self.shape, self.dtype)
+        """The explicit copy to the host (CuPy's name): there are no values to copy."""
+        raise _needs_values("a copy to the host (.get())", self)
 
     # -- views, as NumPy makes them ----------------------------------------------
     def _layout(self):
@@ -479,8 +492,17 @@ def _reduced_dtype(name, source, requested):
 
 
 def _reduce(a, name, axis, dtype, out, keepdims):
+    if a.ndim == 0 and isinstance(axis, numbers.Integral) and axis in (0, -1):
+        axis = None  # NumPy reduces a 0-d array over axis 0 or -1 (not over a tuple of them)
     axes = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
-    axes = {_axis(i, a.ndim) for i in axes}
+    listed = [_axis(i, a.ndim) for i in axes]
+    axes = set(listed)
+    if len(axes) != len(listed):
+        raise ValueError("duplicate value in 'axis'")
+    if name in ("max", "min", "argmax") and any(a.shape[i] == 0 for i in axes if i < a.ndim):  # no identity
+        raise ValueError(f"attempt to get {name} of an empty sequence" if name == "argmax" else
+                         f"zero-size array to reduction operation {dict(max='maximum', min='minimum')[name]} "
+                         "which has no identity")
     shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape) if keepdims or i not in axes)
     result = _reduced_dtype(name, a.dtype, dtype)
     if out is not None:
@@ -501,9 +523,9 @@ class _Layout(namedtuple("_Layout", "shape strides dtype")):
 
 
 def _axis(i, ndim):
-    if not -ndim <= i < builtins.max(ndim, 1):
+    if not -ndim <= i < ndim:
         raise numpy.exceptions.AxisError(i, ndim)
-    return i % ndim if ndim else 0
+    return i % ndim
 
 
 # -- creation ----------------------------------------------------------------------------
@@ -636,6 +658,8 @@ def matmul(a, b, out=None):
 
 
 def vdot(a, b):
+    if a.size != b.size:
+        raise ValueError("vectors have different lengths")
     return ndarray((), numpy.result_type(a.dtype, b.dtype))
 
 
@@ -645,12 +669,19 @@ def einsum(subscripts, *operands):
         raise NotImplementedError("meta.einsum needs an explicit output ('ij,jk->ik')")
     inputs, output = subscripts.replace(" ", "").split("->")
     sizes, ellipsis = {}, []
-    for letters, a in zip(inputs.split(","), operands):
+    if len(inputs.split(",")) != len(operands):
+        raise ValueError("einsum: the subscripts name another number of operands than given")
+    for i, (letters, a) in enumerate(zip(inputs.split(","), operands)):
         dims = list(a.shape)
         if "..." in letters:
             before, after = letters.split("...")
+            if len(before) + len(after) > len(dims):
+                raise ValueError(f"einstein sum subscripts string contains too many subscripts for operand {i}")
             ellipsis.append(tuple(dims[len(before):len(dims) - len(after)]))
             letters, dims = before + after, dims[:len(before)] + dims[len(dims) - len(after):]
+        elif len(letters) != len(dims):
+            raise ValueError(f"einsum: operand {i} has {len(dims)} dimensions and its subscripts {letters!r} "
+                             f"name {len(letters)}")
         for letter, n in zip(letters, dims):
             if sizes.get(letter, n) != n and 1 not in (n, sizes[letter]):
                 raise ValueError(f"einsum: operands could not be broadcast together on {letter!r}")
@@ -672,13 +703,31 @@ def broadcast_to(a, shape):
 
 
 def concatenate(arrays, axis=0):
+    """NumPy's checks, in its words: one or more arrays, the same number of axes, the same sizes off `axis`."""
+    if not arrays:
+        raise ValueError("need at least one array to concatenate")
     shape = list(arrays[0].shape)
+    if not shape:
+        raise ValueError("zero-dimensional arrays cannot be concatenated")
     axis = _axis(axis, len(shape))
+    for i, a in enumerate(arrays):
+        if a.ndim != len(shape):
+            raise ValueError(f"all the input arrays must have same number of dimensions, but the array at index 0 "
+                             f"has {len(shape)} dimension(s) and the array at index {i} has {a.ndim} dimension(s)")
+        for d, (n, m) in enumerate(zip(shape, a.shape)):
+            if d != axis and n != m:
+                raise ValueError(f"all the input array dimensions except for the concatenation axis must match "
+                                 f"exactly, but along dimension {d}, the array at index 0 has size {n} and the "
+                                 f"array at index {i} has size {m}")
     shape[axis] = builtins.sum(a.shape[axis] for a in arrays)
     return ndarray(shape, numpy.result_type(*(a.dtype for a in arrays)))
 
 
 def stack(arrays, axis=0):
+    if not arrays:
+        raise ValueError("need at least one array to stack")
+    if len({a.shape for a in arrays}) > 1:
+        raise ValueError("all input arrays must have the same shape")
     shape = list(arrays[0].shape)
     shape.insert(_axis(axis, len(shape) + 1), len(arrays))
     return ndarray(shape, numpy.result_type(*(a.dtype for a in arrays)))

@@ -79,7 +79,8 @@ class Optimizer:
             "type": type(self).__name__,
             "hyper": {name: getattr(self, name) for name in self.hyper_names},
             "steps": list(self.steps),
-            "state": {name: [backend.to_host(a).copy() for a in getattr(self, name)] for name in self.state_names},
+            "state": {name: [backend.to_host(a, f"{type(self).__name__}.state_dict()").copy() for a in getattr(self, name)]
+                      for name in self.state_names},
         }
 
     def load_state_dict(self, state):
@@ -194,13 +195,16 @@ def get_total_norm(tensors, *, error_if_nonfinite=False):
     returned as it is, or, with error_if_nonfinite=True, raises RuntimeError
     with PyTorch's message. No tensors: 0.0. The float is a host
     synchronisation (on a GPU it waits for the arrays to be computed).
+    On the meta device the norm's arrays are made as on a real one, and
+    None is returned: there are no values, and no number is made up.
     """
     tensors = list(tensors)
     if not tensors:
         return 0.0
-    xp = backend.array_module(*(t.data for t in tensors))
-    total = xp.sqrt(sum(xp.vdot(t.data, t.data) for t in tensors))  # vdot flattens: sum(t * t)
-    norm = float(backend.to_host(backend.as_array(total)))
+    total = _total_norm(tensors)
+    if not backend.holds_values(backend.device_of(total)):
+        return None  # the meta device: the norm's arrays were made, and there is no number to give
+    norm = float(backend.to_host(total))
     if error_if_nonfinite and not math.isfinite(norm):
         raise RuntimeError(
             "The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be "
@@ -208,6 +212,12 @@ def get_total_norm(tensors, *, error_if_nonfinite=False):
             "`error_if_nonfinite=False`"
         )
     return norm
+
+
+def _total_norm(tensors):
+    """The norm as a 0-d array on the tensors' device (not read)."""
+    xp = backend.array_module(*(t.data for t in tensors))
+    return backend.as_array(xp.sqrt(sum(xp.vdot(t.data, t.data) for t in tensors)))  # vdot flattens: sum(t * t)
 
 
 @no_grad()
@@ -224,9 +234,14 @@ def clip_grad_norm_(parameters, max_norm, *, error_if_nonfinite=False):
     into NaN (or zeros), as PyTorch does: test the returned norm before
     stepping (the Trainer skips such a step). That float is the one host
     synchronisation of a training step, accepted here because callers log it.
+
+    On the meta device there is no norm to compare: None (get_total_norm),
+    and nothing is scaled (scaling in place allocates nothing either way).
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     norm = get_total_norm(grads, error_if_nonfinite=error_if_nonfinite)
+    if norm is None:  # the meta device
+        return None
     coef = max_norm / (norm + 1e-6)
     if coef < 1 or math.isnan(coef):  # PyTorch multiplies by min(coef, 1), and min(nan, 1) is nan
         with no_grad(), numpy.errstate(invalid="ignore"):  # inf * 0 is NaN here on purpose, as in PyTorch

@@ -9,6 +9,12 @@ Checkpointing must replay random ops exactly (the same dropout mask in the
 recompute as in the forward), so it saves and restores generator states;
 `generator(rng)` is the one place random ops obtain their generator, which
 lets a checkpoint segment see which generators it used.
+
+Observers are found by identity, never by `==`: two observers' lists may be
+equal (both empty, or both holding the same generator at the same state) and
+still be different segments' (a checkpoint inside a checkpoint), and a
+generator's state may hold arrays (MT19937's key), which `==` compares
+element by element. `same_state` is the one comparison of two states.
 """
 
 from contextlib import contextmanager
@@ -50,4 +56,17 @@ def observing(on=True):
         yield seen
     finally:
         if on:
-            _observers.remove(seen)
+            # By identity: list.remove would take the first *equal* list, another segment's.
+            for i in range(len(_observers) - 1, -1, -1):
+                if _observers[i] is seen:
+                    del _observers[i]
+                    break
+
+
+def same_state(a, b):
+    """Whether two `bit_generator.state` values are the same state (arrays inside compared as arrays)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, numpy.ndarray) or isinstance(b, numpy.ndarray):
+        return numpy.shape(a) == numpy.shape(b) and bool(numpy.array_equal(a, b))
+    return bool(a == b)

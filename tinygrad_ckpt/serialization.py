@@ -185,7 +185,10 @@ def save(path, model=None, optimizer=None, extra=None):
     state_dict. `extra` is a dict: NumPy arrays and Tensors are stored as
     arrays, everything else must be a JSON value (a TypeError names the key
     that is not). The file is written to exactly `path` (no suffix is added).
+    A model or optimizer on the meta device has no values to write: NeedsValues,
+    naming the entry, before anything is written.
     """
+    _refuse_meta(model, optimizer)
     arrays, meta = {}, {"format": FORMAT, "version": VERSION}
     if model is not None:
         state = model if isinstance(model, dict) else model.state_dict()
@@ -471,6 +474,22 @@ def _check_optimizer_fits(state, optimizer, path):
                     f"{path}: the {name} state {key}[{i}] is {saved.dtype} {tuple(saved.shape)}, this "
                     f"optimizer's is {own.dtype} {tuple(own.shape)}"
                 )
+
+
+def _refuse_meta(model, optimizer):
+    """NeedsValues for the first parameter, buffer or optimizer state on the meta device (no values to save)."""
+    named = []
+    if model is not None and not isinstance(model, dict):
+        named += [(f"the model's {name!r}", t.data) for name, t in
+                  list(model.named_parameters()) + list(model.named_buffers())]
+    if optimizer is not None and not isinstance(optimizer, dict):
+        named += [(f"the optimizer's {key}[{i}]", a) for key in optimizer.state_names
+                  for i, a in enumerate(getattr(optimizer, key))]
+    for name, array in named:
+        if not backend.holds_values(backend.device_of(array)):
+            raise backend.no_values(f"save() of {name}", array,
+                                    "A model built on device='meta' sizes a step; build it on 'cpu' or 'cuda' to "
+                                    "train and save it (or model.to_empty(device=...) and load a state_dict).")
 
 
 def _host(value):

@@ -46,12 +46,19 @@ its record, per output, so they outlive the tensor, as PyTorch's do on its
 grad_fn; the walk calls them with the tensor's whole gradient just before
 the record's backward runs. A leaf's hooks live on the leaf; the task calls
 them once, with the leaf's whole gradient of this call, when the walk ends.
+A hook gets its gradient read-only, as PyTorch's register_hook docstring
+asks ("The hook should not modify its argument"): the array may be another
+record's gradient too (Add hands one array to both its inputs). One that
+writes to it is refused, by name; it returns the new gradient instead.
 
 Checks the walk makes, each raising before it runs a record's backward,
 each one line in the walk and living with its own concept:
   * a saved array whose tensor was modified in place since it was saved
     (versions.py): PyTorch's "modified by an inplace operation" error;
-  * a record whose saved arrays a first backward already freed;
+  * a record whose saved arrays a first backward already freed: PyTorch's
+    "Trying to backward through the graph a second time", naming the call
+    and the record (a call for some inputs walks such a record rather than
+    prune it: its edges are gone, so where it led is unknown);
   * a gradient of the wrong shape or dtype from a backward
     (`validate_gradients`, PyTorch's validate_outputs);
   * in anomaly mode, a gradient that is NaN or infinite (anomaly.py).
@@ -234,7 +241,7 @@ class Tape:
             _task = previous
         for record, _ in pending:  # a gradient that found no live record to go to
             if record.freed:
-                _raise_freed(record)
+                _raise_freed(record, task)
         if not retain_graph:  # freed records will never be walked again
             self.records = [r for r in self.records if r() is not None and not r().freed]
         return pending
@@ -270,9 +277,9 @@ class Tape:
                 if task.pruning is not None and not task.reaches((node, None)):
                     continue  # it cannot reach the inputs asked for: not run, as PyTorch prunes the graph
                 if node.freed:
-                    _raise_freed(node)
+                    _raise_freed(node, task)
                 if node.ctx.packed is not None:
-                    node.ctx.unpack()  # saved_tensors_hooks: the saved arrays come back (function.py)
+                    node.ctx.unpack(node)  # saved_tensors_hooks: the saved arrays come back (function.py)
                 if node.ctx.saved_versions:
                     versions.check_versions(node)
                 out_grads = [g if g is not None else _zeros(node, i, out_grads) for i, g in enumerate(out_grads)]
@@ -309,6 +316,7 @@ def run_backward(tensors, grads, retain_graph=False, inputs=None, capture=False)
     of adding them to .grad (autograd.grad). Returns the task.
     """
     task = GradientTask(inputs, capture)
+    task.call = "autograd.grad()" if capture else "backward()" if inputs is None else "backward(inputs=...)"
     records = [t._node for t in tensors if t._node is not None]
     if any(r.index < 0 for r in records):
         raise RuntimeError(
@@ -347,6 +355,7 @@ class GradientTask:
         self.watched = {_edge(t): t for t in (inputs or ()) if t._node is not None}
         self.depth = 0  # walks of this call running now (a checkpoint's inner walk is the second)
         self.pruning = None  # while a walk for some inputs runs: what prune() found (None: every record runs)
+        self.call = "backward()"  # how errors name the call: "backward()", "backward(inputs=...)", "autograd.grad()"
 
     def to_leaf(self, t, g, seen, own):
         """Gradient `g` for leaf `t`: into its .grad now, or summed until the call ends."""
@@ -387,8 +396,11 @@ class GradientTask:
                 stack.extend(behind)
                 continue
             stack.pop()
-            leads[r] = (any(id(e[1]) in wanted if e[0] is None else (leads[e[0]] or e in self.watched)
-                            for e in r.edges if e != (None, None))
+            # A record an earlier backward freed has let go of its edges (tape.Tape._walk): where it led is
+            # unknown, so it is walked, and refuses with the freed error rather than giving no gradient.
+            leads[r] = (r.freed
+                        or any(id(e[1]) in wanted if e[0] is None else (leads[e[0]] or e in self.watched)
+                               for e in r.edges if e != (None, None))
                         or (_takes_watched_inside(r) and any((r, i) in self.watched for i in range(len(r.shapes)))))
         return leads, wanted
 
@@ -422,8 +434,8 @@ class GradientTask:
         deferred, self.deferred = self.deferred, {}
         for t, g, ours in deferred.values():
             if t._hooks:
-                g = _call_hooks(t._hooks, g, "a leaf tensor's hook")
-                ours = ours and not _placed(g, seen)
+                g = _call_hooks(t._hooks, g, f"a hook on a leaf tensor of shape {tuple(t.shape)}")
+                ours = ours and g.base is None and not _placed(g, seen)  # a view: of the read-only gradient, say
             if self.capture:
                 self.captured[id(t)] = g if ours else g.copy()
             else:
@@ -445,11 +457,13 @@ def _takes_watched_inside(node):
 
 
 
-def _raise_freed(node):
+def _raise_freed(node, task):
+    """PyTorch's ERR_BACKWARD_TWICE (torch/csrc/autograd/saved_variable.cpp), naming the call and the record."""
     raise RuntimeError(
-        f"backward through {node.name} a second time: its saved arrays were freed by "
-        "the first backward. Pass retain_graph=True to the first backward() if you "
-        "need to backpropagate twice."
+        f"{task.call}: Trying to backward through the graph a second time: it reached {node.describe()}, "
+        "whose saved arrays an earlier backward freed. Saved intermediate values of the graph are freed when "
+        "you call .backward() or autograd.grad(). Specify retain_graph=True (in the earlier call) if you need "
+        "to backward through the graph a second time."
     )
 
 
@@ -556,8 +570,11 @@ class RemovableHandle:
         self.hooks, self.hook = hooks, hook
 
     def remove(self):
-        if self.hooks is not None and any(h is self.hook for h in self.hooks):
-            self.hooks.remove(self.hook)
+        """Take this hook off; by identity, so an equal hook registered beside it stays (list.remove uses ==)."""
+        for i, h in enumerate(self.hooks or ()):
+            if h is self.hook:
+                del self.hooks[i]
+                return
 
 
 def register_hook(t, hook):
@@ -594,14 +611,30 @@ def run_tensor_hooks(node, out_grads):
 
 
 def _call_hooks(hooks, g, what):
-    """g through each hook in turn, under no_grad; a hook returns None (keep g) or the new gradient."""
+    """g through each hook in turn, under no_grad; a hook returns None (keep g) or the new gradient.
+
+    A hook gets its gradient read-only and may not change it in place (PyTorch's register_hook: "The hook
+    should not modify its argument"): the array may be another record's gradient too (Add hands the one
+    array to both its inputs), or the caller's. On NumPy the write itself fails; CuPy has no read-only
+    arrays, so there an in-place Tensor method is caught by the version counter after the hook.
+    """
     from .tensor import Tensor  # imported here: tensor.py imports this module
 
     for hook in list(hooks):
-        with no_grad():
-            new = hook(Tensor(g, device=backend.device_of(g)))
-        if new is None:
-            continue
+        view = _read_only(g)
+        arg = Tensor(view, device=backend.device_of(g))
+        version = arg._version
+        try:
+            with no_grad():
+                new = hook(arg)
+        except ValueError as e:
+            if "read-only" not in str(e):
+                raise
+            _raise_hook_wrote(what, hook)  # NumPy refused the write: say which hook tried
+        if arg._version != version:
+            _raise_hook_wrote(what, hook)
+        if new is None or new is arg or new is view or (isinstance(new, Tensor) and new.data is view):
+            continue  # the gradient it was given, unchanged
         if isinstance(new, Tensor):
             new = new.data
         elif backend.is_array(backend.as_array(new)):
@@ -616,6 +649,27 @@ def _call_hooks(hooks, g, what):
                 "only (return None to keep them)")
         g = new
     return g
+
+
+def _read_only(g):
+    """A read-only view of gradient g for a hook (NumPy); g itself where arrays cannot be read-only (CuPy)."""
+    if not isinstance(g, numpy.ndarray):
+        return g
+    view = g.view()
+    view.flags.writeable = False
+    return view
+
+
+def hook_name(hook):
+    """How errors name a hook: its qualified name, quoted ('unpack', 'Offload.unpack', '<lambda>')."""
+    return repr(getattr(hook, "__qualname__", None) or type(hook).__name__)
+
+
+def _raise_hook_wrote(what, hook):
+    raise RuntimeError(
+        f"{what} ({hook_name(hook)}) modified its gradient in place. The hook should not modify its argument (it may be "
+        "shared: another record's gradient, or the one passed to backward), but it can return a new gradient "
+        "which will be used in its place: return grad * 10, not grad.mul_(10)") from None
 
 
 # -- shared metadata -----------------------------------------------------------

@@ -121,13 +121,31 @@ class Tensor:
         return int(self.data.size)
 
     def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")  # PyTorch's words
         return self.shape[0]
+
+    def __bool__(self):
+        """The truth of a tensor of one value, as in PyTorch and NumPy (`if loss > 0:`).
+
+        Several values, or none, are ambiguous: RuntimeError with PyTorch's
+        words (ATen's is_nonzero). Without this, Python would ask len() and
+        every tensor of several values would be true. A meta tensor has no
+        value to test: NeedsValues.
+        """
+        n = self.numel()
+        if n != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {'no values' if n == 0 else 'more than one value'} "
+                               f"is ambiguous (shape {self.shape}); reduce it first, e.g. with .max() or .sum()")
+        return bool(self._host("bool()").item())
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
         node = f", grad_fn={self._node.name}" if self._node is not None else ""
         dev = "" if self.device == "cpu" else f", device='{self.device}'"
-        return f"Tensor({backend.to_host(self._values('repr()'))!r}{dev}{grad}{node})"
+        if not backend.holds_values(self.device):  # PyTorch's "tensor(..., device='meta', size=(2, 3))"
+            return f"Tensor(..., device='meta', shape={self.shape}, dtype={self.dtype}{grad}{node})"
+        return f"Tensor({self._host('repr()')!r}{dev}{grad}{node})"
 
     def _values(self, what):
         """self.data, for code that reads the values; an error if a checkpoint's recompute skipped them."""
@@ -135,18 +153,22 @@ class Tensor:
             tape.raise_placeholder_read(what)
         return self.data
 
+    def _host(self, what):
+        """A host copy of the values, for `what` (numpy(), item(), ...); the meta device has none: NeedsValues."""
+        return backend.to_host(self._values(what), what)
+
     # -- moving and converting ---------------------------------------------
     def numpy(self):
         """A host NumPy array (a copy if the tensor is on the GPU)."""
-        return backend.to_host(self._values("numpy()"))
+        return self._host("numpy()")
 
     def item(self):
         if self.data.size != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
-        return backend.to_host(self._values("item()")).item()
+        return self._host("item()").item()
 
     def tolist(self):
-        return backend.to_host(self._values("tolist()")).tolist()
+        return self._host("tolist()").tolist()
 
     def detach(self):
         """The same array, cut from the tape (shares memory and the version counter, as in PyTorch)."""

@@ -49,6 +49,9 @@ What the Trainer guards, so that a run never loses a good state:
   - with detect_anomaly=True the steps run in anomaly mode (autograd.py):
     the first op whose output or gradient is NaN or infinite stops the run
     with FloatingPointError, naming the op and the line of code that made it.
+    With fp16 too, a gradient that overflows in the scaled loss's backward
+    (and a NaN made from it) is the GradScaler's to skip, not an anomaly
+    (detect_anomaly(loss_scaling=True)); a NaN from finite gradients is.
 
 Mixed precision (fp16=True or bf16=True, Hugging Face's names): the forward
 and the loss run under autocast (autocast.py): matrix products in 16 bits,
@@ -57,13 +60,17 @@ optimizer state and the accumulation buffers stay float32. With fp16 each
 micro-batch's loss is scaled (grad_scaler.py) before its backward, and the
 accumulated gradients are unscaled once, after write_grads and before
 clipping; a step whose gradients overflowed is skipped by the same rule as
-any non-finite step, and logged with the loss scale. GradScaler's starting
-scale, 2**16 (PyTorch's), is for a mean loss; this Trainer backpropagates a
-sum over the micro-batch, whose gradients are as many times larger as it has
-items, so a fresh run starts the scale that many times lower (a power of
-two, at least 1; `starting_loss_scale`): it does not spend its first steps,
-the warm-up's, backing off from an overflow (benchmarks/mixed_precision_training.py
-measured nine such steps, and a validation loss 0.34 above float32's, without it).
+any non-finite step, and logged with the loss scale. The scale starts at
+PyTorch's 2**16. This Trainer backpropagates a sum over the micro-batch,
+whose gradients are as many times larger as it has items, so its first
+steps overflow and the scale backs off (the default run: steps 1 to 9, to
+128, then 18 to 21, to 8); PyTorch's GradScaler docstring expects as much
+("the first few iterations as its value calibrates"). A skipped step does
+not advance the learning-rate schedule, so those steps cost their compute
+and nothing else: benchmarks/mixed_precision_training.py's default run,
+500 steps, ended at validation loss 2.1249 in float16 from 2**16 against
+float32's 2.1535 (0.34 above it while skipped steps still used up the
+warm-up).
 
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its
@@ -93,7 +100,7 @@ from .accumulate import GradientAccumulator
 from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
-from .grad_scaler import GradScaler
+from .grad_scaler import GradScaler, state_problem
 from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
 from .serialization import CheckpointFileError
 from .tape import no_grad
@@ -329,16 +336,6 @@ def create_optimizer(parameters, args):
     )
 
 
-def starting_loss_scale(args, dataset):
-    """fp16's first loss scale: PyTorch's 2**16, meant for a mean loss, divided by the items of a micro-batch
-    (per_device_train_batch_size x an example's labels), whose summed loss the Trainer backpropagates; a
-    power of two, at least 1."""
-    example = dataset[0] if len(dataset) else {}
-    labels = example.get("labels") if isinstance(example, dict) else None
-    items = args.per_device_train_batch_size * (numpy.size(labels) if labels is not None else 1)
-    return 2.0 ** max(0, math.floor(math.log2(2.0**16 / items)))
-
-
 class TrainerCallback:
     """Something called at points of training: Hugging Face's TrainerCallback, with the two events this Trainer has.
 
@@ -392,8 +389,10 @@ def verify_checkpoint(path):
 
     On top of serialization.load's checks (every byte, every array's dtype
     and shape, the metadata's types): it holds a model, an optimizer, the
-    Trainer's state of the right types, and only finite parameters and
-    optimizer state. Any problem raises CheckpointFileError naming the file.
+    Trainer's state of the right types, only finite parameters and
+    optimizer state, and (fp16) a loss scaler state a GradScaler can reach
+    (grad_scaler.state_problem). Any problem raises CheckpointFileError
+    naming the file and the field.
     """
     checkpoint = serialization.load(path)
     where = repr(str(path))
@@ -428,6 +427,11 @@ def verify_checkpoint(path):
     for key in ("config", "tokenizer", "training_args"):
         expect(isinstance(extra.get(key, {}), dict), f"{key!r} is not a dict")
     _check_position(state, layout, extra, checkpoint["optimizer"]["steps"], expect)
+    if "grad_scaler" in extra:  # fp16: the loss scale goes on from here, so it must be one a scaler can reach
+        expect(extra["grad_scaler"] != {}, "its 'grad_scaler' is {}, what a disabled GradScaler saves; an fp16 "
+                                           "run saves the scale it reached")
+        problem = state_problem(extra["grad_scaler"])
+        expect(problem is None, f"its 'grad_scaler' is damaged: {problem}")
     arrays = [(f"model/{name}", a) for name, a in checkpoint["model"].items()]
     arrays += [(f"optimizer/{key}/{i}", a) for key, values in checkpoint["optimizer"]["state"].items()
                for i, a in enumerate(values)]
@@ -533,8 +537,7 @@ class Trainer:
             self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
         )
         # float16's loss scaling; a pass-through otherwise
-        self.scaler = GradScaler(starting_loss_scale(args, train_dataset), enabled=True) if args.fp16 else \
-            GradScaler(enabled=False)
+        self.scaler = GradScaler(enabled=args.fp16)  # fp16: PyTorch's defaults; otherwise a pass-through
         self.scaler_backed_off = False  # the last step was skipped only for overflow at a loss scale above 1
         self.distributed = distributed
         self.world_size = 1 if distributed is None else distributed.world_size
@@ -626,7 +629,8 @@ class Trainer:
         acc.zero_grad()
         try:
             # fp16: an overflow to inf is expected and handled (the GradScaler skips the step): no NumPy warnings
-            with (autograd.detect_anomaly() if args.detect_anomaly else contextlib.nullcontext(),
+            # fp16 and anomaly mode: a scaled gradient's overflow is the scaler's to skip, not an anomaly
+            with (autograd.detect_anomaly(loss_scaling=args.fp16) if args.detect_anomaly else contextlib.nullcontext(),
                   numpy.errstate(over="ignore", invalid="ignore") if args.fp16 else contextlib.nullcontext()):
                 self._training_loop(progress)
         except RuntimeError as e:
@@ -668,14 +672,17 @@ class Trainer:
                     batch = self._micro_batch(indices, self.train_dataset)
                     loss, items = self.compute_loss(batch)  # forward ...
                     self.scaler.scale(loss).backward()  # ... then backward at once (fp16: of the scaled loss)
-                    step["loss"] += loss.item()
+                    if backend.holds_values(loss.device):  # the meta device (fit) has no loss to read
+                        step["loss"] += loss.item()
                     step["items"] += items
                     step["tokens"] += batch["input_ids"].size if "input_ids" in batch else items
                     del loss
                 if not acc.accumulate(items, end_of_data=(m == n_micro - 1)):
                     continue
                 # The group is complete: one optimizer step with the mean gradient, unless it is not finite.
-                lr = get_learning_rate(state.global_step, args, total)
+                # The schedule counts the steps taken: a skipped step moves it on no more than the parameters
+                # (Hugging Face steps its scheduler only when optimizer_step_was_skipped is false).
+                lr = get_learning_rate(state.global_step - state.nonfinite_steps, args, total)
                 grad_norm, nonfinite = self._optimizer_step(lr, step)
                 state.global_step += 1
                 for callback in self.callbacks:
@@ -724,7 +731,7 @@ class Trainer:
         else:
             grad_norm = get_total_norm(p.grad for p in params if p.grad is not None)
         nonfinite = ", ".join(f"{name} {value}" for name, value in (("loss", step["loss"]), ("grad_norm", grad_norm))
-                              if not math.isfinite(value))
+                              if value is not None and not math.isfinite(value))  # None: the meta device's norm
         if overflow:  # what GradScaler.step() would skip; the scale backs off
             nonfinite = f"{nonfinite or 'gradients'} (inf or NaN at loss scale {scale:g}; now {scale * self.scaler.backoff_factor:g})"
         self.scaler_backed_off = bool(overflow and math.isfinite(step["loss"]) and scale > 1)
@@ -740,9 +747,10 @@ class Trainer:
 
         fp16: a step skipped only because its scaled gradients overflowed, at
         a loss scale above 1, is the GradScaler finding its scale (it halves
-        it): counted in all, not in a row. The Trainer's summed loss makes the
-        gradients grow with the tokens of a micro-batch, so the first steps
-        may back off many times (from 2**16 to 2**6 for 1024 tokens).
+        it): counted in all, not in a row, and the learning-rate schedule
+        stays where it was. The Trainer's summed loss makes the gradients grow
+        with the tokens of a micro-batch, so the first steps may back off many
+        times (from 2**16 to 2**7 in the default run's first 9 steps).
         """
         state, limit = self.state, self.args.max_consecutive_nonfinite_steps
         state.nonfinite_steps += 1

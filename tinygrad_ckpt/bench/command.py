@@ -5,6 +5,7 @@
     tinygrad-ckpt bench --compare                # beside PyTorch, HIPS autograd, mygrad, the floor (compare.py)
     tinygrad-ckpt bench --profile                # where a step's time goes, op by op (profile.py)
     tinygrad-ckpt bench --kinds --quick          # every model kind: CNN, LSTM, encoder, GPT (kinds.py)
+    tinygrad-ckpt bench --kinds                  # the same, part 1 at a second, larger size a kind (minutes)
 
 The strategy bench (strategies.py) writes, into --output-dir, bench.md (the
 tables printed on the terminal), bench.json (every figure, the machine, the
@@ -18,7 +19,7 @@ and kinds.json. --quick and the hidden --tiny (toy sizes,
 for the tests) choose the set of sizes (workloads.py) for each.
 
 What does not live here: the measuring (strategies.py, compare.py), the
-machine and its threads (machine.py), the table format and the file writer
+machine (machine.py), its threads (threads.py), the table format and the file writer
 (report.py).
 """
 
@@ -28,6 +29,7 @@ import time
 from dataclasses import asdict, replace
 
 from .. import allocator, backend, random, serialization
+from ..threads import limited_threads
 from . import compare, kinds, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
@@ -44,7 +46,8 @@ report.html, an interactive page of every byte of one step (opens from disk).
   tinygrad-ckpt bench --profile    where a step's time goes, op by op, against its floor
                                    (writes profile.md, profile.json)
   tinygrad-ckpt bench --kinds      every model kind: a CNN, an LSTM, an encoder, a GPT
-                                   (writes kinds.md, kinds.json)"""
+                                   (writes kinds.md, kinds.json; the full set takes minutes,
+                                   --kinds --quick the smaller one)"""
 
 
 def add_arguments(parser):
@@ -112,6 +115,9 @@ def run(args):
         print(f"note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): steps will be "
               "slower and noisier than on a quiet machine. BLAS threads that find no free core wait on each "
               "other and can make single steps many times slower; --threads 1 gives steadier ratios", flush=True)
+    if strategies.precision_rows()[1]:
+        print("note: the bf16 autocast rows are left out: NumPy has no bfloat16, and ml_dtypes, which has it, is not "
+              "installed; `pip install -e \".[bench]\"` brings it with the plots' libraries", flush=True)
     total = strategies.count_rows(config)
     start = time.perf_counter()
     done = [0]
@@ -121,7 +127,7 @@ def run(args):
         print(f"[{done[0]:>3}/{total}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
 
     random.manual_seed(0)  # the dropout masks
-    with machine.limited_threads(args.threads) as threads:
+    with limited_threads(args.threads) as threads:
         print(f"tinygrad-ckpt bench: {name} set, {total} rows, {config.repeats} timed steps each after one warm-up; "
               f"BLAS threads: {threads['summary']}", flush=True)
         results = strategies.collect(config, progress)
@@ -142,7 +148,7 @@ def run(args):
             from . import plots  # matplotlib, the optional `plot` extra
         except ImportError as e:
             print(f"plots: skipped, matplotlib is not installed ({e}); get them with "
-                  "`pip install -e \".[plot]\"` in the clone, and run bench again")
+                  "`pip install -e \".[bench]\"` in the clone, and run bench again")
         else:
             written += plots.draw_all(results, args.output_dir)
         written += write_page(results, text, args.output_dir)
@@ -167,7 +173,7 @@ def write_page(results, tables, output_dir):
         from . import explorer
     except ImportError as e:
         print(f"memory explorer page: skipped, Plotly is not installed ({e}); get report.html with "
-              "`pip install -e \".[report]\"` in the clone, and run bench again")
+              "`pip install -e \".[bench]\"` in the clone, and run bench again")
         return []
     path = explorer.write(results, os.path.join(output_dir, "report.html"), tables)
     print(f"memory explorer: {path} ({os.path.getsize(path) / 2**20:.1f} MiB; it opens from disk, no network)")
@@ -217,11 +223,18 @@ def run_kinds(args, name):
         lines.append(line)
         print(line, flush=True)
 
-    with machine.limited_threads(args.threads) as threads:
-        say(f"tinygrad-ckpt bench --kinds: {name} set; BLAS threads: {threads['summary']}")
-        part1 = kinds.part1(measured, repeats, say)
+    total, done = len(measured) + len(full), [0]
+
+    def progress(what):  # on the terminal only, not in kinds.md
+        done[0] += 1
+        print(f"[{done[0]:>2}/{total}] {time.perf_counter() - start:6.0f} s  {what}", flush=True)
+
+    with limited_threads(args.threads) as threads:
+        say(f"tinygrad-ckpt bench --kinds: {name} set (part 1 at "
+            f"{len(measured)} sizes, part 2 at {len(full)}); BLAS threads: {threads['summary']}")
+        part1 = kinds.part1(measured, repeats, say, progress)
         say("")
-        part2 = kinds.part2(full, budget, say)
+        part2 = kinds.part2(full, budget, say, progress)
     notes = [args.allocator, f"the {name} set took {time.perf_counter() - start:.0f} s on "
              f"{machine.describe()['description']}"]
     say("")

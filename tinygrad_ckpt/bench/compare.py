@@ -72,9 +72,10 @@ import numpy
 
 from .. import backend, memory
 from ..schedules import segment_bounds
+from ..threads import limited_threads
 from .array_peak import array_peak
 from .floor import Floor, gemm_throughput
-from .machine import busy, describe, limited_threads, load_average
+from .machine import busy, describe, load_average
 from .report import MIB, markdown_table
 from .workloads import FULL, label
 from .workloads import name as workload_name
@@ -702,7 +703,7 @@ def compare(workloads=None, libraries=LIBRARIES, strategies=STRATEGIES, repeats=
     workloads.GPTStack; default: workloads.FULL.compare, W1 at 16, 32 and 64
     layers, W2 with 4 blocks at dropout 0.1 and 0); a dict {"W1": size,
     "W2": size} is taken too. threads: every library's thread pools
-    (machine.limited_threads). device: "cuda" runs this engine (CuPy),
+    (threads.py's limited_threads). device: "cuda" runs this engine (CuPy),
     PyTorch (if it has CUDA) and the floor (cuBLAS) on the GPU; HIPS autograd
     and mygrad, NumPy-only, are then left out.
 

@@ -35,7 +35,7 @@ that many examples at a time), from the step run at micro-batches 1, 2 and 3
 run, and the next one, to check).
 
     tinygrad-ckpt bench --kinds --quick     # part 1 at the small sizes, part 2 at full sizes
-    tinygrad-ckpt bench --kinds             # part 1 at two sizes a kind (about 12 minutes on 2 cores)
+    tinygrad-ckpt bench --kinds             # the full set: part 1 at two sizes a kind (minutes; see below)
     python benchmarks/model_kinds.py        # the same as the full set, one BLAS thread
 
 What does not live here: the models (nn/), the meta device's step
@@ -220,14 +220,20 @@ def times(size, batch, repeats):
 
 
 # -- the two parts -------------------------------------------------------------------------
-def part1(sizes, repeats=5, say=print):
-    """Real steps at `sizes`; says each row as it comes (a line of the table); returns the rows."""
+def part1(sizes, repeats=5, say=print, progress=None):
+    """Real steps at `sizes`; says each row as it comes (a line of the table); returns the rows.
+
+    progress(what), if given, is told before each size is measured (its three
+    rows come after all of its timed steps, tens of seconds at the larger sizes).
+    """
     say(f"Part 1: one Trainer step (AdamW) on real arrays; time: median of {repeats} steps after a warm-up; "
         "MiB = 2^20 bytes")
     say(f"{'kind':<8} {'size':<22} {'batch':>5} {'strategy':<6} {'saved act.':>10} {'peak':>9} {'= meta':>6} "
         f"{'wall s':>7} {'cpu s':>7} {'cpu x':>5} {'paired':>6} {'FLOPs x':>7}")
     rows = []
     for size in sizes:
+        if progress is not None:
+            progress(f"part 1: {size.kind} {size.label}, {len(STRATEGIES)} strategies x {repeats + 1} steps")
         steps = {s: real_step(size, s, size.batch) for s in STRATEGIES}
         seconds = times(size, size.batch, repeats)
         cpu_none = statistics.median(c for _, c in seconds["none"])
@@ -250,8 +256,10 @@ def profile(steps):
     return fit.StepProfile(steps[2], steps[3], batch=2, below={1: steps[1]})
 
 
-def part2(sizes, budget=BUDGET, say=print):
-    """Meta-device steps at `sizes`: the reference batch, and the largest micro-batch within `budget` bytes."""
+def part2(sizes, budget=BUDGET, say=print, progress=None):
+    """Meta-device steps at `sizes`: the reference batch, and the largest micro-batch within `budget` bytes.
+
+    progress(what), if given, is told before each size is measured."""
     unit, name = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
     say(f"Part 2: on the meta device; peak and saved activations at micro-batch {REFERENCE_BATCH} ({name} = "
         f"2^{unit.bit_length() - 1} bytes); largest: the largest micro-batch whose peak fits {budget / unit:.2f} {name}")
@@ -259,6 +267,8 @@ def part2(sizes, budget=BUDGET, say=print):
         f"{'largest':>7}  checked")
     rows = []
     for size in sizes:
+        if progress is not None:
+            progress(f"part 2: {size.kind} {size.label} on the meta device")
         forward = meta_forward_flops(size, 1)
         params = sum(p.data.size for p in size.make("meta").parameters())
         for s in STRATEGIES:

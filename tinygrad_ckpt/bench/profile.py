@@ -31,8 +31,9 @@ from contextlib import contextmanager
 import numpy
 
 from .. import backend
+from ..threads import limited_threads
 from .floor import Floor
-from .machine import limited_threads, load_average
+from .machine import load_average
 from .op_calls import around_ops
 from .report import markdown_table
 from .workloads import label

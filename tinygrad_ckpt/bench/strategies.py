@@ -113,6 +113,20 @@ F32 = 4
 PRECISION_ROWS = {"bfloat16": "bf16 autocast", "float16": "fp16 autocast, loss scaled"}
 
 
+def precision_rows():
+    """(the PRECISION_ROWS this process can run, why bfloat16's is left out or None).
+
+    NumPy has no bfloat16: it needs ml_dtypes (autocast.bfloat16). Without
+    it the set runs without that row, and the command says so before the
+    first row, instead of stopping at it.
+    """
+    try:
+        autocast.bfloat16()
+    except ImportError as e:
+        return {k: v for k, v in PRECISION_ROWS.items() if k != "bfloat16"}, str(e)
+    return dict(PRECISION_ROWS), None
+
+
 # -- one training step per strategy --------------------------------------------------
 def checkpointing(model, segments, policy, split_blocks=False, early_stop=True):
     """Switch the model's block checkpointing to `segments` (None: off), as a user would."""
@@ -333,8 +347,8 @@ def bench_chain(config, workload, size, model, loss, costs, formulas, progress, 
         timed.append((row, lambda s=segments, p=policy, h=split: checkpointing(model, s, p, h), step))
     scalers = []
     timeline_size = config.timeline_w1_depth if workload == "W1" else config.timeline_w2_blocks
-    for dtype in PRECISION_ROWS if size == timeline_size else ():
-        row = {"workload": workload, "size": size, "strategy": PRECISION_ROWS[dtype], "precision": dtype,
+    for dtype, name in precision_rows()[0].items() if size == timeline_size else ():
+        row = {"workload": workload, "size": size, "strategy": name, "precision": dtype,
                "predicted_activation_bytes": None}  # activations.py counts float32 only
         progress(f"{workload} size {size}, {row['strategy']}: memory")
         checkpointing(model, None, None)
@@ -661,7 +675,7 @@ def count_rows(config):
     extra = len([f for f in config.tradeoff_fractions if f not in config.budgets])
     w1 = len(config.sizes.w1_depths) * (3 + len(config.budgets)) + extra
     w2 = len(config.sizes.w2_blocks) * (5 + len(config.budgets)) + extra
-    return w1 + w2 + len(config.sizes.w3.splits) + 2 * len(PRECISION_ROWS)
+    return w1 + w2 + len(config.sizes.w3.splits) + 2 * len(precision_rows()[0])
 
 
 def collect(config, progress):

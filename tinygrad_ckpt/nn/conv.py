@@ -7,19 +7,26 @@ fan_in = in_channels / groups * kh * kw (what kaiming_uniform_ with
 a = sqrt(5) comes to). Values are drawn on the host in float64 from `rng`,
 then cast and copied, as layers.py's are.
 
+Arguments are checked where they are given, as PyTorch's modules check
+them: a bad kernel_size, stride, padding, dilation or groups is an error at
+construction, naming the argument, not at the first forward. NumPy
+integers are taken wherever ints are.
+
 What does not live here: the ops (ops/conv.py, ops/pool.py, reached
 through functional.py), BatchNorm2d and Flatten (layers.py), the CNN
 (cnn.py).
 """
 
 import math
+import numbers
 
 import numpy
 
 from .. import functional as F
 from .. import random
 from ..ops.conv import pair
-from .layers import _uniform
+from ..ops.pool import pool_options
+from .layers import _uniform, size
 from .module import Module
 
 
@@ -32,13 +39,28 @@ class Conv2d(Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  dtype=numpy.float32, device=None, rng=None):
         super().__init__()
+        in_channels, out_channels = size("Conv2d", "in_channels", in_channels), size("Conv2d", "out_channels", out_channels)
+        if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups <= 0:
+            raise ValueError(f"Conv2d: groups must be a positive integer, got {groups!r}")
+        groups = int(groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must both be "
                              f"divisible by groups ({groups})")
+        self.kernel_size = pair("Conv2d", "kernel_size", kernel_size, 1)
+        pair("Conv2d", "stride", stride, 1)  # checked; kept as given, for repr
+        pair("Conv2d", "dilation", dilation, 1)
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise ValueError(f"Conv2d: invalid padding string {padding!r}, should be one of 'same', 'valid' "
+                                 "(or an int, or a pair of ints)")
+            if padding == "same" and pair("Conv2d", "stride", stride, 1) != (1, 1):
+                raise ValueError(f"Conv2d: padding='same' is not supported for strided convolutions (stride={stride}); "
+                                 "pad with an int instead, e.g. padding=kernel_size // 2")
+        else:
+            pair("Conv2d", "padding", padding, 0)
         rng = random.generator(rng)
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size = pair("Conv2d", "kernel_size", kernel_size, 1)
-        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.stride, self.padding, self.dilation = _plain(stride), _plain(padding), _plain(dilation)
         fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
         bound = 1 / math.sqrt(fan_in)  # PyTorch's default, for weight and bias
         self.weight = _uniform(rng, (out_channels, in_channels // groups, *self.kernel_size), bound, dtype, device)
@@ -57,7 +79,9 @@ class MaxPool2d(Module):
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1):
         super().__init__()
-        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
+        pool_options("MaxPool2d", kernel_size, stride, padding, dilation)  # checked here, not at the first forward
+        self.kernel_size, self.stride = _plain(kernel_size), _plain(stride)
+        self.padding, self.dilation = _plain(padding), _plain(dilation)
 
     def forward(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation)
@@ -71,10 +95,20 @@ class AvgPool2d(Module):
 
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        pool_options("AvgPool2d", kernel_size, stride, padding, 1)  # checked here, not at the first forward
+        self.kernel_size, self.stride, self.padding = _plain(kernel_size), _plain(stride), _plain(padding)
 
     def forward(self, x):
         return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
 
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+def _plain(value):
+    """An argument as it was given, NumPy integers made Python ints (so repr shows 3, not np.int64(3))."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v) for v in value)
+    return value

@@ -4,7 +4,12 @@ Each layer owns its Parameters, draws their initial values from an explicit
 numpy Generator (`rng`; the package's default generator when None, see
 random.py), and calls one function of F in `forward`. Values are drawn on the
 host in float64 and then cast and copied to the device, so the same seed
-gives the same model in float32 and float64, on CPU and GPU.
+gives the same model in float32 and float64, on CPU and GPU. On the meta
+device nothing is drawn and nothing is made on the host: parameters and
+buffers are arrays with a shape and no values (tests/test_nn_meta.py).
+
+Sizes and options are checked where they are given, as PyTorch's layers
+check them (`size`: an int or a NumPy integer, at least 1).
 
 Initialisation follows PyTorch unless `init_std` is given: Linear is
 U(-1/sqrt(in_features), 1/sqrt(in_features)) for weight and bias, Embedding
@@ -17,6 +22,7 @@ layers call (ops/, functional.py).
 """
 
 import math
+import numbers
 
 import numpy
 
@@ -37,6 +43,26 @@ def _parameter(draw, shape, dtype, device):
     return Parameter(draw(), dtype=dtype, device=device)
 
 
+def _buffer(value, shape, dtype, device):
+    """A buffer (a Tensor saved with the model, not trained) filled with `value`; on the meta
+    device an empty array of the shape, nothing made on the host."""
+    device = backend.get_default_device() if device is None else device
+    if not backend.holds_values(device):
+        return Tensor(backend.module_for(device).empty(shape, dtype), device=device)
+    return Tensor(numpy.full(shape, value, dtype=dtype), device=device)
+
+
+def size(layer, name, value):
+    """A layer's size argument (features, channels, ...) as an int, checked where it is given:
+    an int or a NumPy integer, at least 1. (PyTorch accepts 0 for Linear and Conv2d and makes
+    empty weights; here a size of 0 is refused, as PyTorch's LSTM refuses it.)"""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{layer}: {name} should be of type int, got: {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{layer}: {name} must be greater than zero, got {value}")
+    return int(value)
+
+
 def _uniform(rng, shape, bound, dtype, device):
     return _parameter(lambda: rng.uniform(-bound, bound, size=shape), shape, dtype, device)
 
@@ -54,6 +80,7 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, dtype=numpy.float32, device=None, rng=None, init_std=None):
         super().__init__()
+        in_features, out_features = size("Linear", "in_features", in_features), size("Linear", "out_features", out_features)
         rng = random.generator(rng)
         self.in_features, self.out_features = in_features, out_features
         if init_std is None:  # PyTorch's default
@@ -76,6 +103,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, dtype=numpy.float32, device=None, rng=None, init_std=None):
         super().__init__()
+        num_embeddings = size("Embedding", "num_embeddings", num_embeddings)
+        embedding_dim = size("Embedding", "embedding_dim", embedding_dim)
         rng = random.generator(rng)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         std = 1.0 if init_std is None else init_std  # PyTorch draws N(0, 1)
@@ -102,6 +131,8 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape, eps=1e-5, bias=True, dtype=numpy.float32, device=None):
         super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = size("LayerNorm", "normalized_shape", normalized_shape)
         self.normalized_shape, self.eps = normalized_shape, eps
         self.weight = _constant(1.0, (normalized_shape,), dtype, device)
         self.bias = _constant(0.0, (normalized_shape,), dtype, device) if bias else None
@@ -120,6 +151,14 @@ class _BatchNorm(Module):
     the running statistics towards them:
         running = (1 - momentum) * running + momentum * batch statistic
     (the running variance takes the unbiased batch variance, as in PyTorch).
+    momentum=None is PyTorch's cumulative average: after the n-th batch the
+    factor is 1/n, so the running statistics are the plain mean of every
+    batch's. The count is then kept in a buffer, num_batches_tracked, saved
+    with the model so that a resumed run goes on averaging (PyTorch keeps it
+    for every momentum; here only where it is read, so the default's
+    state_dict keeps its two entries).
+    An empty batch (N = 0) gives an empty output and leaves the statistics
+    as they were, as PyTorch's does (here the count too).
     Evaluation: normalise with the running statistics.
 
     Composed from elementwise and reduce ops, so its backward comes for free;
@@ -133,11 +172,20 @@ class _BatchNorm(Module):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype=numpy.float32, device=None):
         super().__init__()
+        name = type(self).__name__
+        num_features = size(name, "num_features", num_features)
+        if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, numbers.Real)
+                                     or not 0 <= momentum <= 1):
+            raise ValueError(f"{name}: momentum must be a number in [0, 1], or None for a cumulative average, "
+                             f"got {momentum!r}")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = _constant(1.0, (num_features,), dtype, device) if affine else None
         self.bias = _constant(0.0, (num_features,), dtype, device) if affine else None
-        self.running_mean = Tensor(numpy.zeros(num_features, dtype=dtype), device=device)
-        self.running_var = Tensor(numpy.ones(num_features, dtype=dtype), device=device)
+        self.running_mean = _buffer(0.0, (num_features,), dtype, device)
+        self.running_var = _buffer(1.0, (num_features,), dtype, device)
+        if momentum is None:  # the cumulative average counts its batches
+            self._buffers = (*self._buffers, "num_batches_tracked")
+            self.num_batches_tracked = _buffer(0, (), numpy.int64, device)
 
     def forward(self, x):
         C, name = self.num_features, type(self).__name__
@@ -145,7 +193,9 @@ class _BatchNorm(Module):
             raise ValueError(f"{name}({C}) expects input {self.expected.format(C=C)}, got shape {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))  # every axis but the channels
         shape = (1, C) + (1,) * (x.ndim - 2)  # a per-channel value, broadcastable to x
-        if self.training:
+        if self.training and x.numel() == 0:  # an empty batch: nothing to normalise, no statistics
+            out = x.reshape(x.shape)  # a new (empty) tensor, as PyTorch returns one
+        elif self.training:
             n = x.numel() // C  # values per channel
             if n < 2:
                 raise ValueError(f"{name} needs more than one value per channel in training mode, got input shape {x.shape}")
@@ -153,23 +203,30 @@ class _BatchNorm(Module):
             centered = x - mean
             var = (centered * centered).mean(axis=axes, keepdims=True)  # biased: what we normalise with
             self._update_running_stats(mean.data.reshape(C), var.data.reshape(C) * (n / (n - 1)))
+            out = centered / (var + self.eps).sqrt()
         else:
             centered = x - Tensor(self.running_mean.data.reshape(shape), device=x.device)
             var = Tensor(self.running_var.data.reshape(shape), device=x.device)
-        out = centered / (var + self.eps).sqrt()
+            out = centered / (var + self.eps).sqrt()
         if self.weight is not None:
             out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
         return out
 
     def _update_running_stats(self, mean, var):
-        """running = (1 - momentum) * running + momentum * batch, in place (mean, var: arrays (C,)).
+        """running = (1 - momentum) * running + momentum * batch, in place (mean, var: arrays (C,));
+        with momentum None the factor is 1 / (batches so far).
 
         Not while a checkpointed segment recomputes its forward: that forward
         already updated them once (PyTorch updates them twice).
         """
         if is_recomputing():
             return
-        m = self.momentum
+        if self.momentum is None:
+            self.num_batches_tracked.add_(1)
+            count = self.num_batches_tracked
+            m = 1.0 / float(count.item()) if backend.holds_values(count.device) else 1.0  # meta: no values
+        else:
+            m = self.momentum
         self.running_mean.mul_(1 - m).add_(mean, alpha=m)
         self.running_var.mul_(1 - m).add_(var, alpha=m)
 
@@ -200,7 +257,8 @@ class Flatten(Module):
         start, end = self.start_dim % x.ndim, self.end_dim % x.ndim
         if start > end:
             raise ValueError(f"Flatten: start_dim {self.start_dim} comes after end_dim {self.end_dim} for a {x.ndim}-D input")
-        return x.reshape(x.shape[:start] + (-1,) + x.shape[end + 1:])  # a view where NumPy can make one
+        flat = math.prod(x.shape[start:end + 1])  # not -1, which an empty batch leaves undetermined
+        return x.reshape(x.shape[:start] + (flat,) + x.shape[end + 1:])  # a view where NumPy can make one
 
     def extra_repr(self):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

@@ -7,16 +7,22 @@ The pieces, from the inside out:
     LSTM                 num_layers stacked layers, each the cell over every time step
     LSTMLanguageModel    token embedding -> LSTM -> lm_head, returning (logits, loss) as the GPT does
 
-One step of the cell (Hochreiter & Schmidhuber 1997; the gates in PyTorch's
-order i, f, g, o, stacked in the rows of the weights):
+One step of the cell (the LSTM of Hochreiter & Schmidhuber 1997 with the
+forget gate of Gers, Schmidhuber & Cummins 2000, "Learning to Forget", as
+PyTorch's; the gates in PyTorch's order i, f, g, o, stacked in the rows of
+the weights):
 
     i, f, g, o = split(x_t @ W_ih.T + b_ih + h @ W_hh.T + b_hh)   # each (B, H)
     c' = sigmoid(f) * c + sigmoid(i) * tanh(g)                   # the cell state: forget, then write
     h' = sigmoid(o) * tanh(c')                                   # the output: a gated view of c'
 
-Names, shapes and initialisation are PyTorch's (torch.nn.LSTM's state_dict
-loads as it is): weight_ih_l{k} (4H, input size), weight_hh_l{k} (4H, H),
-bias_ih_l{k} and bias_hh_l{k} (4H,), all drawn from U(-1/sqrt(H), 1/sqrt(H)).
+Names, shapes and initialisation are PyTorch's: weight_ih_l{k} (4H, input
+size), weight_hh_l{k} (4H, H), bias_ih_l{k} and bias_hh_l{k} (4H,), all
+drawn from U(-1/sqrt(H), 1/sqrt(H)). So torch.nn.LSTM's state_dict loads as
+it is, its torch tensors included: `lstm.load_state_dict(torch_lstm.state_dict())`
+(LSTM.load_state_dict copies them to the host, checks every entry, then
+copies). On the meta device the parameters have a shape and no values: nothing
+is drawn or made on the host.
 Input (T, B, input_size), or (B, T, input_size) with batch_first=True; the
 initial state (h_0, c_0), each (num_layers, B, H), zeros when not given.
 Not supported: PyTorch's dropout between layers, bidirectional, proj_size,
@@ -72,11 +78,12 @@ import numpy
 
 from .. import backend, random
 from .. import functional as F
+from ..autocast import is_float
 from ..checkpoint import ChainCheckpointing, checkpoint
 from ..schedules import Plan, measure_layers, segment_bounds
 from ..tensor import Tensor
-from .layers import Dropout, Embedding, Linear
-from .module import Module, Parameter
+from .layers import Dropout, Embedding, Linear, _uniform, size
+from .module import Module
 
 
 def lstm_cell(x, h, c, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
@@ -87,10 +94,6 @@ def lstm_cell(x, h, c, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     c = f.sigmoid() * c + i.sigmoid() * g.tanh()  # (B, H)
     h = o.sigmoid() * c.tanh()  # (B, H)
     return h, c
-
-
-def _uniform(rng, shape, bound, dtype, device):
-    return Parameter(rng.uniform(-bound, bound, size=shape), dtype=dtype, device=device)
 
 
 def _zeros(like, shape):
@@ -107,6 +110,7 @@ class LSTMCell(Module):
 
     def __init__(self, input_size, hidden_size, bias=True, dtype=numpy.float32, device=None, rng=None):
         super().__init__()
+        input_size, hidden_size = size("LSTMCell", "input_size", input_size), size("LSTMCell", "hidden_size", hidden_size)
         rng = random.generator(rng)
         self.input_size, self.hidden_size = input_size, hidden_size
         bound = 1 / math.sqrt(hidden_size)  # PyTorch's
@@ -124,6 +128,9 @@ class LSTMCell(Module):
         for name, t in (("h", h), ("c", c)):
             if t.shape != shape:
                 raise ValueError(f"LSTMCell: expected {name} of shape {shape} (batch, hidden_size), got {t.shape}")
+            if t.dtype != self.weight_hh.dtype:
+                raise TypeError(f"LSTMCell: {name} is {t.dtype}, the parameters are {self.weight_hh.dtype}; convert "
+                                f"the state with {name}.to(dtype=...)")
         return lstm_cell(x, h, c, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
 
     def extra_repr(self):
@@ -146,8 +153,8 @@ class LSTM(ChainCheckpointing, Module):
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dtype=numpy.float32, device=None, rng=None):
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"LSTM: num_layers must be at least 1, got {num_layers}")
+        input_size, hidden_size = size("LSTM", "input_size", input_size), size("LSTM", "hidden_size", hidden_size)
+        num_layers = size("LSTM", "num_layers", num_layers)
         rng = random.generator(rng)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first = bias, batch_first
@@ -294,11 +301,25 @@ class LSTM(ChainCheckpointing, Module):
         if not (isinstance(hx, (tuple, list)) and len(hx) == 2 and all(isinstance(t, Tensor) for t in hx)):
             raise TypeError("LSTM: hx must be a tuple of two Tensors (h_0, c_0), each (num_layers, batch, "
                             "hidden_size)")
+        dtype = self.weight_hh_l0.dtype
         for name, t in zip(("h_0", "c_0"), hx):
             if t.shape != shape:
                 raise ValueError(f"LSTM: expected {name} of shape {shape} (num_layers, batch, hidden_size), "
                                  f"got {t.shape}")
+            if t.dtype != dtype:
+                raise TypeError(f"LSTM: {name} is {t.dtype}, the parameters (and the input) are {dtype}; convert "
+                                f"the state with {name}.to(dtype=...), as the input's dtype must match too")
         return hx
+
+    # -- loading PyTorch's weights -------------------------------------------------------
+    def load_state_dict(self, state, strict=True):
+        """Module.load_state_dict, taking torch.nn.LSTM's state_dict as it is (torch tensors, as well
+        as Tensors and arrays): every entry is first made a host array (a torch tensor through
+        .detach().cpu().numpy(); a bfloat16 one through float32, which NumPy lacks), and an entry
+        that is not numbers is refused, naming it, before anything is copied. Then Module's checks
+        (missing, unexpected, wrongly shaped keys) run, also before any copy. Returns (missing,
+        unexpected). Needs no torch: a torch tensor is known by its .detach and .cpu."""
+        return super().load_state_dict({name: _host_values(name, value) for name, value in state.items()}, strict)
 
     def extra_repr(self):
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, bias={self.bias}, "
@@ -331,6 +352,22 @@ class _TimeStep:
 
     def __call__(self, *state):
         return tuple(self.lstm.time_step(self.x_t, list(state))[1])
+
+
+def _host_values(name, value):
+    """A state_dict entry as a host array of numbers (see LSTM.load_state_dict); a Tensor passes as it is."""
+    if isinstance(value, Tensor):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":  # NumPy has no bfloat16: widen, exactly
+            value = value.float()
+        value = value.numpy()
+    value = value if backend.is_array(value) else numpy.asarray(value)
+    if not (value.dtype.kind in "iu" or is_float(value.dtype)):
+        raise TypeError(f"LSTM.load_state_dict: entry {name!r} is not numbers (dtype {value.dtype}); "
+                        "nothing was copied")
+    return value
 
 
 def _length_named_by(segments):

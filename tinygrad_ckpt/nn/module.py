@@ -138,11 +138,12 @@ class Module:
         """{dotted name: NumPy array} for every parameter and buffer.
 
         The arrays are host copies: a snapshot that later training steps do not
-        change (PyTorch's shares memory with the model instead).
+        change (PyTorch's shares memory with the model instead). A model on
+        the meta device has no values to copy: NeedsValues, naming the entry.
         """
         state = {}
         for name, t in list(self.named_parameters()) + list(self.named_buffers()):
-            state[name] = backend.to_host(t.data).copy()
+            state[name] = backend.to_host(t.data, f"state_dict() of {name!r}").copy()
         return state
 
     def load_state_dict(self, state, strict=True):
@@ -196,8 +197,15 @@ class Module:
 
         The Parameter objects stay the same (only their .data moves), so build
         the optimizer after moving the model: its state is allocated where the
-        parameters are.
+        parameters are. A model on the meta device has no values to move:
+        NeedsValues, naming the entry (use to_empty, as in PyTorch).
         """
+        for name, t in list(self.named_parameters()) + list(self.named_buffers()):
+            if not backend.holds_values(t.device) and backend.holds_values(device):
+                raise backend.no_values(
+                    f"Module.to({device!r}) of {name!r}", t.data,
+                    f"A model built on device='meta' has nothing to copy: model.to_empty(device={device!r}) "
+                    "makes its arrays there without values; then load a state_dict or initialise them.")
         for p in self.parameters():
             if p.device != device:
                 p.data = backend.to_device(p.data, device)
@@ -207,6 +215,24 @@ class Module:
                     memory.track(p.grad.data, "gradients")
         for _, b in self.named_buffers():
             b.data = backend.to_device(b.data, device)
+            memory.track(b.data)
+        return self
+
+    def to_empty(self, *, device):
+        """Every parameter and buffer as a new array on `device` whose values are not set; returns self.
+
+        PyTorch's Module.to_empty: the way off the meta device, which has no
+        values to copy. The arrays hold whatever the memory held, so load a
+        state_dict (load_state_dict) or initialise them before use. The
+        Parameter objects stay the same (build the optimizer after); their
+        gradients are dropped.
+        """
+        xp = backend.module_for(device)
+        for p in self.parameters():
+            p.data, p.grad = xp.empty(p.shape, dtype=p.dtype), None
+            memory.track(p.data, "parameters")
+        for _, b in self.named_buffers():
+            b.data = xp.empty(b.shape, dtype=b.dtype)
             memory.track(b.data)
         return self
 

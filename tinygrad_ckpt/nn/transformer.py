@@ -225,6 +225,9 @@ class GPT(ChainCheckpointing, Module):
         training mode, as in nanoGPT). Sampling happens on the host: one small
         device-to-host copy of the last position's logits per token.
         """
+        weight = self.lm_head.weight
+        if not backend.holds_values(weight.device):  # sampling reads the logits' values
+            raise backend.no_values("generate()", weight.data)
         rng = random.generator(rng)
         idx = backend.to_host(idx.data if isinstance(idx, Tensor) else idx)
         with no_grad():

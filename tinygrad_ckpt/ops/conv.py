@@ -14,17 +14,25 @@ op of its own (movement.Pad), the Conv2d layer with its parameters
 (nn/conv.py).
 """
 
+import numbers
+
 from ..backend import array_module
 from ..function import Function
 from .movement import pad_array
 
 
 def pair(op, name, value, smallest):
-    """An int or a pair of ints, as a pair (height, width); each at least `smallest`."""
-    values = (value, value) if isinstance(value, int) else tuple(value)
-    if len(values) != 2 or not all(isinstance(v, int) and v >= smallest for v in values):
+    """An int or a pair of ints, as a pair of Python ints (height, width); each at least `smallest`.
+
+    NumPy integers count as ints (shapes read from arrays are NumPy integers); bools do not.
+    """
+    def is_int(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    values = (value, value) if is_int(value) else tuple(value) if isinstance(value, (tuple, list)) else ()
+    if len(values) != 2 or not all(is_int(v) and v >= smallest for v in values):
         raise ValueError(f"{op}: {name} must be an int >= {smallest} or a pair of them, got {value!r}")
-    return values
+    return tuple(int(v) for v in values)
 
 
 def output_size(op, x_shape, kernel, stride, padding, dilation):
@@ -104,9 +112,9 @@ class Conv2d(Function):
         Co, Cg, kh, kw = _check_shapes(x, weight, bias, groups)
         OH, OW = output_size("conv2d", x.shape, (kh, kw), stride, padding, dilation)
         N, C = x.shape[:2]
-        G = groups
+        G = int(groups)
         ctx.shapes = x.shape, weight.shape, (OH, OW)
-        ctx.options = stride, padding, dilation, groups
+        ctx.options = stride, padding, dilation, G
         need_x, need_weight = ctx.needs_input_grad[:2]
         ctx.save_for_backward(x if need_weight else None, weight if need_x else None)
         view = windows(pad_image(x, padding), (kh, kw), stride, dilation, (OH, OW))  # (N, C, kh, kw, OH, OW)
@@ -154,8 +162,8 @@ def _check_shapes(x, weight, bias, groups):
     if x.ndim != 4:
         raise ValueError(f"conv2d: expected a 4-D input (N, C, H, W), got shape {tuple(x.shape)}")
     Co, Cg, kh, kw = weight.shape
-    if not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"conv2d: groups must be a positive int, got {groups!r}")
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
+        raise ValueError(f"conv2d: groups must be a positive integer, got {groups!r}")
     if Co % groups:
         raise ValueError(f"conv2d: given groups={groups}, expected weight to be divisible by {groups} at "
                          f"dimension 0, but got weight of size {list(weight.shape)} instead")

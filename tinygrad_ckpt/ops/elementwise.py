@@ -10,13 +10,34 @@ summing, done once, in `unbroadcast`.
 
 What each op saves, and why, is said in its docstring: an op saves only what
 its backward reads, and skips saving for inputs that need no gradient.
+
+16-bit inputs (float16, bfloat16). NumPy rounds to 16 bits after every
+operation, so a formula of ten operations is rounded ten times, and the
+exact GELU's erfc overflows float16 on the way (NaN at |x| about 4). The
+activations below, and their gradients, compute in float32 and round once
+at the end, as PyTorch's kernels do (their "opmath" type): `wide` on the
+way in, `narrow` on the way out. What they save stays in the input's dtype.
+One NumPy ufunc (exp, tanh, log) already rounds once, so Exp and Tanh's
+forward need neither.
 """
 
 import numpy
 
+from ..autocast import is_16bit
 from ..backend import array_module, as_array, on_cpu, unbroadcast
 from ..function import Function
 from . import special
+
+
+def wide(x):
+    """x in float32 if it is 16-bit (float16, bfloat16), else x itself: where a 16-bit formula is computed."""
+    return x.astype(numpy.float32) if is_16bit(x.dtype) else x
+
+
+def narrow(out, dtype):
+    """A result computed by `wide`'s rule, rounded once to `dtype` (no copy when it is already that dtype)."""
+    out = as_array(out)
+    return out if out.dtype == dtype else out.astype(dtype)
 
 
 def check_broadcast(op, a, b):
@@ -306,7 +327,8 @@ class Tanh(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        return g * (1 - out * out)
+        w = wide(out)
+        return narrow(wide(g) * (1 - w * w), g.dtype)
 
 
 class Sigmoid(Function):
@@ -316,14 +338,15 @@ class Sigmoid(Function):
     def forward(ctx, x):
         xp = array_module(x)
         # tanh form: never overflows, unlike 1 / (1 + exp(-x)) for very negative x.
-        out = 0.5 * (xp.tanh(0.5 * x) + 1)
+        out = narrow(0.5 * (xp.tanh(0.5 * wide(x)) + 1), x.dtype)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        return g * out * (1 - out)
+        w = wide(out)
+        return narrow(wide(g) * w * (1 - w), g.dtype)
 
 
 class ReLU(Function):
@@ -366,22 +389,25 @@ class GELU(Function):
     the scratch arrays are small and stay in cache, where two arrays the size
     of x would add to the step's peak memory (PyTorch 2.13's CPU
     `gelu_backward` allocates its result only: tests/test_claims.py). (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`,
-    which cannot be updated in place.)
+    which cannot be updated in place.) A 16-bit x is computed in float32 (the
+    module docstring): forward works on a float32 copy, backward widens a piece at a time.
     """
 
     @staticmethod
     def forward(ctx, x):
         xp = array_module(x)
         ctx.save_for_backward(x)
-        out = as_array(x * x)
-        out *= 0.044715 * _SQRT_2_OVER_PI
-        out += _SQRT_2_OVER_PI
-        out *= x  # u = sqrt(2/pi) (x + 0.044715 x^3)
+        w = wide(x)  # a float32 copy of a 16-bit x; x itself otherwise
+        with numpy.errstate(over="ignore"):  # x^3 overflows from |x| ~ 1e13 (float32) on: u = +-inf, t = +-1, right
+            out = as_array(w * w)
+            out *= 0.044715 * _SQRT_2_OVER_PI
+            out += _SQRT_2_OVER_PI
+            out *= w  # u = sqrt(2/pi) (x + 0.044715 x^3)
         xp.tanh(out, out=out)  # t
         out += 1
         out *= 0.5  # before x: 0.5 (1 + t) x stays finite for the largest x, (1 + t) x would overflow
-        out *= x  # 0.5 x (1 + t)
-        return out
+        out *= w  # 0.5 x (1 + t)
+        return narrow(out, x.dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -392,7 +418,8 @@ class GELU(Function):
         # On a GPU one piece: there each step is a kernel launch, and launches cost.
         piece = _GELU_PIECE if on_cpu(x) else max(x.size, 1)
         for i in range(0, x.size, piece):
-            _gelu_backward(xp, flat_x[i:i + piece], flat_g[i:i + piece], flat_dx[i:i + piece])
+            # 16-bit pieces are widened here, a piece at a time; dx rounds once, when the piece is written
+            _gelu_backward(xp, wide(flat_x[i:i + piece]), wide(flat_g[i:i + piece]), flat_dx[i:i + piece])
         return dx
 
 
@@ -435,15 +462,18 @@ class GELUErf(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
+        w = wide(x)
         with numpy.errstate(invalid="ignore"):  # x = -inf: -inf * 0 is NaN, as in PyTorch
-            return x * (0.5 * special.erfc(x * -_SQRT_HALF))
+            return narrow(w * (0.5 * special.erfc(w * -_SQRT_HALF)), x.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
         xp = array_module(x)
+        w = wide(x)
         with numpy.errstate(over="ignore", invalid="ignore"):  # huge x: x * x is inf, exp(-inf) 0; x = +-inf: NaN
-            return g * (0.5 * special.erfc(x * -_SQRT_HALF) + x * (_RSQRT_2PI * xp.exp(-0.5 * x * x)))
+            return narrow(wide(g) * (0.5 * special.erfc(w * -_SQRT_HALF) + w * (_RSQRT_2PI * xp.exp(-0.5 * w * w))),
+                          g.dtype)
 
 
 _SQRT_HALF, _RSQRT_2PI = 0.7071067811865476, 0.3989422804014327  # 1 / sqrt(2), 1 / sqrt(2 pi)
@@ -475,12 +505,12 @@ class LeakyReLU(Function):
         positive = x > 0
         ctx.slope = negative_slope
         ctx.save_for_backward(positive)
-        return array_module(x).where(positive, x, x * negative_slope)
+        return array_module(x).where(positive, x, narrow(wide(x) * negative_slope, x.dtype))
 
     @staticmethod
     def backward(ctx, g):
         (positive,) = ctx.saved_arrays
-        return array_module(g).where(positive, g, g * ctx.slope)
+        return array_module(g).where(positive, g, narrow(wide(g) * ctx.slope, g.dtype))
 
 
 class ReLU6(Function):
@@ -510,13 +540,16 @@ class Hardswish(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return x * _clamp(x + 3, 0, 6) / 6
+        w = wide(x)
+        with numpy.errstate(over="ignore"):  # PyTorch's order: inf where x * 6 overflows, as there
+            return narrow(w * _clamp(w + 3, 0, 6) / 6, x.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
         xp = array_module(x)
-        return xp.where(x <= -3, g.dtype.type(0), xp.where(x < 3, g * (x / 3 + 0.5), g))
+        middle = narrow(wide(g) * (wide(x) / 3 + 0.5), g.dtype)
+        return xp.where(x <= -3, g.dtype.type(0), xp.where(x < 3, middle, g))
 
 
 class SiLU(Function):
@@ -525,13 +558,15 @@ class SiLU(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return x * _sigmoid(x)
+        w = wide(x)
+        return narrow(w * _sigmoid(w), x.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
-        s = _sigmoid(x)
-        return g * s * (1 + x * (1 - s))
+        w = wide(x)
+        s = _sigmoid(w)
+        return narrow(wide(g) * s * (1 + w * (1 - s)), g.dtype)
 
 
 class Softplus(Function):
@@ -546,13 +581,15 @@ class Softplus(Function):
         xp = array_module(x)
         ctx.beta, ctx.threshold = beta, threshold
         ctx.save_for_backward(x)
+        w = wide(x)
         with numpy.errstate(over="ignore"):  # exp overflows only where x itself is picked
-            return xp.where(x * beta > threshold, x, xp.log1p(xp.exp(x * beta)) / beta)
+            return narrow(xp.where(w * beta > threshold, w, xp.log1p(xp.exp(w * beta)) / beta), x.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
-        return array_module(x).where(x * ctx.beta > ctx.threshold, g, g * _sigmoid(x * ctx.beta))
+        w, wg = wide(x), wide(g)
+        return narrow(array_module(x).where(w * ctx.beta > ctx.threshold, wg, wg * _sigmoid(w * ctx.beta)), g.dtype)
 
 
 class Mish(Function):
@@ -565,13 +602,15 @@ class Mish(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return x * _tanh_softplus(x)
+        w = wide(x)
+        return narrow(w * _tanh_softplus(w), x.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_arrays
-        t = _tanh_softplus(x)
-        return g * (t + x * _sigmoid(x) * (1 - t * t))
+        w = wide(x)
+        t = _tanh_softplus(w)
+        return narrow(wide(g) * (t + w * _sigmoid(w) * (1 - t * t)), g.dtype)
 
 
 def _tanh_softplus(x):

@@ -5,6 +5,11 @@ would hold every intermediate (x - max, exp, sum, ...) for backward. Written
 as one op with a hand-derived backward, each saves one array the size of its
 input, or less: that is the difference between this engine's activation
 memory and a naive one, and why the saved-bytes figures match PyTorch's.
+
+Softmax and log-softmax of 16-bit inputs compute in float32 and round once,
+forward and backward, as PyTorch's kernels do (elementwise.py's `wide` and
+`narrow`); they save their output in the input's dtype. (einsum, which
+Softmax's backward uses, refuses ml_dtypes' bfloat16 outright.)
 """
 
 import numpy
@@ -12,6 +17,7 @@ import numpy
 from ..backend import array_module, as_array, on_cpu
 from ..function import Function
 from .axes import normalize_axis
+from .elementwise import narrow, wide
 
 
 class Softmax(Function):
@@ -24,15 +30,18 @@ class Softmax(Function):
     def forward(ctx, x, axis=-1):
         xp = array_module(x)
         axis = ctx.axis = normalize_axis("softmax", axis, x.ndim)
-        out = as_array(x - x.max(axis=axis, keepdims=True))  # minus the max: exp cannot overflow
+        w = wide(x)
+        out = as_array(w - w.max(axis=axis, keepdims=True))  # minus the max: exp cannot overflow
         xp.exp(out, out=out)  # in place: one array for the whole op
         out /= out.sum(axis=axis, keepdims=True)
+        out = narrow(out, x.dtype)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
+        dtype, g, out = g.dtype, wide(g), wide(out)
         if g.ndim and ctx.axis == g.ndim - 1:  # rows along the last axis, as in attention:
             # sum(g * out) per row as a contraction, without an array of products
             s = array_module(g).einsum("...i,...i->...", g, out)[..., None]
@@ -40,7 +49,7 @@ class Softmax(Function):
             s = (g * out).sum(axis=ctx.axis, keepdims=True)
         dx = g - s  # one new array
         dx *= out
-        return dx
+        return narrow(dx, dtype)
 
 
 class LogSoftmax(Function):
@@ -50,15 +59,17 @@ class LogSoftmax(Function):
     def forward(ctx, x, axis=-1):
         xp = array_module(x)
         axis = ctx.axis = normalize_axis("log_softmax", axis, x.ndim)
-        shifted = x - x.max(axis=axis, keepdims=True)
-        out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+        w = wide(x)
+        shifted = w - w.max(axis=axis, keepdims=True)
+        out = narrow(shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True)), x.dtype)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_arrays
-        return g - array_module(g).exp(out) * g.sum(axis=ctx.axis, keepdims=True)
+        wg = wide(g)
+        return narrow(wg - array_module(g).exp(wide(out)) * wg.sum(axis=ctx.axis, keepdims=True), g.dtype)
 
 
 class LayerNorm(Function):

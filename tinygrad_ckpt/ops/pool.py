@@ -10,10 +10,11 @@ What does not live here: convolution (conv.py), the layers (nn/conv.py).
 
 from ..backend import array_module
 from ..function import Function
+from .elementwise import narrow, wide
 from .conv import output_size, pad_image, pair, window_slices, windows
 
 
-def _options(op, kernel_size, stride, padding, dilation):
+def pool_options(op, kernel_size, stride, padding, dilation):
     """kernel, stride (the kernel's when None, as in PyTorch), padding, dilation: each a pair, checked."""
     kernel = pair(op, "kernel_size", kernel_size, 1)
     stride = kernel if stride is None else pair(op, "stride", stride, 1)
@@ -22,6 +23,13 @@ def _options(op, kernel_size, stride, padding, dilation):
         raise ValueError(f"{op}: padding should be at most half of the kernel size, "
                          f"but got padding={padding} and kernel_size={kernel}")
     return kernel, stride, padding, dilation
+
+
+def _check_input(op, x):
+    """A 4-D input whose channels and image are not empty; an empty batch (N = 0) is fine, as in PyTorch."""
+    if x.ndim == 4 and 0 in x.shape[1:]:
+        raise ValueError(f"{op}: expected a 4-D input (N, C, H, W) with C, H and W above 0 (N may be 0), "
+                         f"got shape {tuple(x.shape)}")
 
 
 class MaxPool2d(Function):
@@ -35,7 +43,8 @@ class MaxPool2d(Function):
 
     @staticmethod
     def forward(ctx, x, kernel_size, stride=None, padding=0, dilation=1):
-        kernel, stride, padding, dilation = _options("max_pool2d", kernel_size, stride, padding, dilation)
+        kernel, stride, padding, dilation = pool_options("max_pool2d", kernel_size, stride, padding, dilation)
+        _check_input("max_pool2d", x)
         out_size = output_size("max_pool2d", x.shape, kernel, stride, padding, dilation)
         (N, C), (kh, kw), (OH, OW) = x.shape[:2], kernel, out_size
         view = windows(pad_image(x, padding, -float("inf")), kernel, stride, dilation, out_size)  # (N, C, kh, kw, OH, OW)
@@ -63,24 +72,28 @@ class AvgPool2d(Function):
     """out[n, c, oh, ow] = the mean of window (oh, ow) of x (N, C, H, W), padded with zeros
     (the padding counts in the mean: PyTorch's default, count_include_pad=True);
     dx = g / (kh kw) added to every element of the window.  Saves nothing (the shapes only).
+
+    A 16-bit input is summed in float32 and rounded once, forward and backward,
+    as PyTorch's kernels do: 49 bfloat16 values added in bfloat16 lose a digit.
     """
 
     @staticmethod
     def forward(ctx, x, kernel_size, stride=None, padding=0):
-        kernel, stride, padding, dilation = _options("avg_pool2d", kernel_size, stride, padding, 1)
+        kernel, stride, padding, dilation = pool_options("avg_pool2d", kernel_size, stride, padding, 1)
+        _check_input("avg_pool2d", x)
         out_size = output_size("avg_pool2d", x.shape, kernel, stride, padding, dilation)
         ctx.shape, ctx.options = x.shape, (kernel, stride, padding, dilation, out_size)
-        view = windows(pad_image(x, padding), kernel, stride, dilation, out_size)  # (N, C, kh, kw, OH, OW)
-        return view.sum(axis=(2, 3)) / (kernel[0] * kernel[1])  # summed through the view: no copy of the windows
+        view = windows(pad_image(wide(x), padding), kernel, stride, dilation, out_size)  # (N, C, kh, kw, OH, OW)
+        return narrow(view.sum(axis=(2, 3)) / (kernel[0] * kernel[1]), x.dtype)  # summed through the view: no copy of the windows
 
     @staticmethod
     def backward(ctx, g):
         (kh, kw), stride, (ph, pw), dilation, out_size = ctx.options
         N, C, H, W = ctx.shape
-        dxpad = array_module(g).zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=g.dtype)
-        share = g / (kh * kw)
+        share = wide(g) / (kh * kw)
+        dxpad = array_module(g).zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=share.dtype)
         for i in range(kh):
             for j in range(kw):
                 rows, columns = window_slices(i, j, stride, dilation, out_size)
                 dxpad[:, :, rows, columns] += share
-        return dxpad[:, :, ph:ph + H, pw:pw + W]
+        return narrow(dxpad[:, :, ph:ph + H, pw:pw + W], g.dtype)

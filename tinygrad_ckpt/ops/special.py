@@ -24,6 +24,7 @@ What does not live here: the ops that use it (elementwise.GELUErf).
 
 import numpy
 
+from ..autocast import is_16bit
 from ..backend import array_module, as_array
 
 # Coefficients, highest power first (the leading 1 of each denominator included).
@@ -51,8 +52,14 @@ def _polynomial(t, coefficients):
 
 
 def erfc(x):
-    """1 - erf(x), elementwise, in x's dtype; erfc(-inf) = 2, erfc(inf) = 0, NaN stays NaN."""
+    """1 - erf(x), elementwise, in x's dtype; erfc(-inf) = 2, erfc(inf) = 0, NaN stays NaN.
+
+    A 16-bit x (float16, bfloat16) is computed in float32 and rounded once: the
+    polynomials' terms overflow float16 (65504) from |x| of about 4 on.
+    """
     x = as_array(x)  # a 0-d x times a number is a NumPy scalar
+    if is_16bit(x.dtype):
+        return erfc(x.astype(numpy.float32)).astype(x.dtype)
     xp = array_module(x)
     with numpy.errstate(all="ignore"):  # the ranges an element is not in are thrown away
         y = xp.abs(x)

@@ -520,7 +520,7 @@ def _host(x):
 def _generator_problems(plain, checked):
     problems = []
     for key, (g, state) in plain.items():
-        if key in checked and checked[key][1] != state:
+        if key in checked and not random.same_state(checked[key][1], state):
             problems.append("a random generator the run draws from ends in another state than after the plain "
                             "run: the technique drew other random numbers (or more of them)")
     for key in checked.keys() - plain.keys():

@@ -3,6 +3,9 @@
     tinygrad-ckpt verify                           # the default sizes: 42 s of CPU time (2-core machine)
     tinygrad-ckpt verify --n-layer 8 --n-embd 64   # the GPT's fields (GPTConfig's names); --mlp-layers ...
 
+It runs on one BLAS thread unless given --threads: its products are small,
+and on a busy machine threads that wait for a free core only slow it.
+
 Each row is one strategy, run by check_checkpoint or check_accumulation
 (equivalence.py) in float64 and in float32 against the plain run of the
 same model, from the same weights, data and random states. The table gives
@@ -48,6 +51,7 @@ from ..nn import GPT, MLP, GPTConfig
 from ..policies import BY_NAME
 from ..schedules import describe, measure_layers, minimum_budget, plan_checkpoints, predict, revolve
 from ..tensor import Tensor
+from ..threads import check_threads, limited_threads
 from .equivalence import check_accumulation, check_checkpoint, tolerance
 
 DESCRIPTION = """Check that every checkpointing and accumulation strategy leaves the gradients as
@@ -80,6 +84,9 @@ def add_arguments(parser):
     run.add_argument("--device", default="cpu", help="'cpu' or 'cuda' (needs CuPy) (default: %(default)s)")
     run.add_argument("--seed", type=int, default=0, help="weights, data and dropout (default: %(default)s)")
     run.add_argument("--no-mpi", action="store_true", help="leave out the two-process row")
+    run.add_argument("--threads", type=int, default=1,
+                     help="BLAS threads; these models' products are too small to gain from more, and on a busy "
+                          "machine more threads wait for each other (default: %(default)s)")
     run.add_argument("--data-parallel-worker", action="store_true", help=argparse.SUPPRESS)  # one rank of that row
 
 
@@ -93,6 +100,7 @@ def check_arguments(args):
         if value < least:
             why = " (the accumulation rows cut it into uneven micro-batches)" if flag == "--batch-size" else ""
             raise ValueError(f"{flag} must be at least {least}{why}, got {value}")
+    check_threads(args.threads, "--threads")
     if args.seed < 0:
         raise ValueError(f"--seed must be 0 or more (NumPy's generators take no negative seed), got {args.seed}")
     if args.n_embd % args.n_head:
@@ -298,7 +306,7 @@ def data_parallel_row(args):
         if not results:
             flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in _MODEL_FLAGS]
             env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                   "OMPI_MCA_rmaps_base_oversubscribe": "1", "OPENBLAS_NUM_THREADS": "1"}
+                   "OMPI_MCA_rmaps_base_oversubscribe": "1", "OPENBLAS_NUM_THREADS": str(args.threads)}
             command = [find_mpiexec(), "-n", "2", sys.executable, "-m", "tinygrad_ckpt", "verify",
                        "--data-parallel-worker", *flags]
             try:
@@ -367,6 +375,11 @@ def run(args):
     check_arguments(args)
     if args.data_parallel_worker:
         return data_parallel_worker(args)
+    with limited_threads(args.threads):  # threads.py: the one thread limiter
+        return _run(args)
+
+
+def _run(args):
     start = time.perf_counter()
     models = Models(args)
     a, c = args, models.config
