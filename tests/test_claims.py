@@ -7,7 +7,10 @@ ops/nn.py and ops/elementwise.py say what PyTorch's anomaly mode,
 DistributedDataParallel, layer norm and GELU do. Each claim about PyTorch is a test here that
 runs PyTorch and skips, saying so, where it is not installed; each place
 where the text says this engine differs has a test of this engine's side,
-which needs nothing but the package.
+which needs nothing but the package. Also here: what autocast.py's
+docstring says NumPy and ml_dtypes do with 16-bit sums, and what the README
+and tutorial 12 say accumulation gives (the whole batch's gradients up to
+rounding, and only without dropout).
 """
 
 import functools
@@ -325,3 +328,55 @@ def test_torch_ddp_buckets_25_mib_and_no_sync_defers_the_all_reduce(torch):
     assert "disable gradient synchronizations" in distributed.DistributedDataParallel.no_sync.__doc__
     assert "gradients between different nodes are averaged" in " ".join(
         distributed.DistributedDataParallel.__doc__.split())
+
+
+# -- what the autocast docstring says NumPy and ml_dtypes do with 16-bit sums --------------------
+def test_ml_dtypes_bfloat16_adds_in_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes (the bf16 extra) is not installed")
+    ones = numpy.ones(10_000, ml_dtypes.bfloat16)
+    assert float(ones.sum()) == 256  # 256 + 1 rounds back to 256 in 8 bits
+    assert abs(float(ones.mean()) - 0.0256) < 1e-3
+
+
+def test_numpy_float16_sum_depends_on_the_layout_and_its_mean_accumulates_in_float32():
+    column = numpy.ones((10_000, 4), numpy.float16)  # summed down axis 0: a strided reduction
+    assert float(column.sum(axis=0)[0]) == 2048  # 2048 + 1 rounds back to 2048 in float16
+    assert float(numpy.ones(10_000, numpy.float16).sum()) == 10_000  # contiguous: pairwise, in float32
+    assert float(column.mean(axis=0)[0]) == 1.0  # NumPy's mean of float16 accumulates in float32
+
+
+def test_ours_mean_under_autocast_runs_in_float32():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes (the bf16 extra) is not installed")
+    from tinygrad_ckpt.autocast import autocast
+
+    x = Tensor(numpy.ones(10_000, ml_dtypes.bfloat16))
+    with autocast("bfloat16"):
+        assert float(x.mean().numpy()) == 1.0  # in bfloat16 it would be 0.0256
+
+
+# -- accumulation gives the whole batch's gradients up to rounding, and only without dropout ------
+def _gpt_gradients(dropout, splits):
+    from tinygrad_ckpt import random
+
+    rng = numpy.random.default_rng(0)
+    idx = rng.integers(0, 16, (8, 12))
+    config = nn.GPTConfig(block_size=12, vocab_size=16, n_layer=2, n_head=2, n_embd=16, dropout=dropout)
+    model = nn.GPT(config, rng=numpy.random.default_rng(1))
+    random.manual_seed(2)  # dropout's masks: the same stream for both runs
+    for part in numpy.array_split(numpy.arange(8), splits):
+        logits, _ = model(idx[part])
+        F.cross_entropy(logits, idx[part], reduction="sum").backward()
+    return [p.grad.numpy().astype(numpy.float64) for p in model.parameters()]
+
+
+def test_accumulated_micro_batches_give_the_whole_batch_up_to_rounding_without_dropout():
+    whole, micro = _gpt_gradients(0.0, 1), _gpt_gradients(0.0, 4)
+    assert len(whole) == len(micro) > 0
+    for a, b in zip(whole, micro):
+        numpy.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)  # float32 sums in another order
+
+
+def test_with_dropout_accumulated_micro_batches_draw_other_masks():
+    whole, micro = _gpt_gradients(0.1, 1), _gpt_gradients(0.1, 4)
+    largest = max(numpy.abs(a).max() for a in whole)
+    assert max(numpy.abs(a - b).max() for a, b in zip(whole, micro)) > 1e-3 * largest  # far beyond rounding

@@ -51,6 +51,16 @@ def test_ci_runs_the_tutorials_every_documented_way_with_the_documented_commands
         assert command in ran, f"tutorials/README.md says `{command}`, which .ci/run does not run"
 
 
+def test_ci_runs_the_tutorials_and_numerical_tests_under_two_blas_kernels_and_two_thread_counts():
+    """STYLE.md, 19: what the tutorials print survives another BLAS kernel and thread count; CI proves it."""
+    text = CI.read_text()
+    assert 'kernels="Haswell SkylakeX"' in text and "for threads in 1 2; do" in text
+    ran = [line.strip() for line in text.splitlines() if line.strip().startswith("OPENBLAS_CORETYPE=$kernel")]
+    assert "OPENBLAS_CORETYPE=$kernel OPENBLAS_NUM_THREADS=$threads python tutorials/harness.py" in ran
+    assert any("python -m pytest" in line for line in ran)
+    assert 'git status --porcelain -- tutorials' in text  # the committed pictures are left as they were
+
+
 def test_every_install_instruction_works_from_the_clone():
     """The package is not on an index: installing it by name would not resolve; an editable install of the clone, with its extras, does."""
     extras = set(importlib.metadata.metadata("tinygrad_ckpt").get_all("Provides-Extra"))
@@ -129,6 +139,28 @@ def test_the_fit_excerpt_is_what_fit_prints(capsys):
     printed = {line.rstrip() for line in capsys.readouterr().out.splitlines()}
     for line in _shown(_console_blocks()[2]):
         assert line in printed, line
+
+
+def test_the_verify_excerpt_is_what_verify_prints_with_its_errors_within_the_tolerance(capsys):
+    """The README's `tinygrad-ckpt verify` rows: model, strategy, tolerance and verdict as printed.
+
+    Their errors are rounding, different with each BLAS kernel and thread
+    count (STYLE.md, 19), so the excerpt's errors are not compared with
+    this machine's: each is checked to be within its row's tolerance, as
+    the verdict says.
+    """
+    from tinygrad_ckpt import cli
+
+    assert cli.main(["verify", "--no-mpi"]) == 0
+    rows = lambda lines: {tuple(c[:2]): c for c in ([x.strip() for x in line.strip("|").split("|")]  # noqa: E731
+                                                    for line in lines if line.startswith(("| GPT", "| MLP")))}
+    excerpt = next(b for b in _console_blocks() if b.startswith("| model | strategy |"))
+    printed, shown = rows(capsys.readouterr().out.splitlines()), rows(_shown(excerpt))
+    assert len(shown) >= 3, shown
+    for key, cells in shown.items():
+        assert printed[key][5:] == cells[5:], key  # the tolerance and the verdict
+        rtol64, rtol32 = (float(t) for t in cells[5].split(" / "))
+        assert float(cells[3]) <= rtol64 and float(cells[4]) <= rtol32, key
 
 
 def test_the_size_the_readme_states():

@@ -39,9 +39,13 @@ These are the lists of the header PyTorch's CUDA autocast uses; this
 project applies them on every device.
 
 Where this project differs from PyTorch, and why:
-  * Mean is in FLOAT32 (PyTorch lists only sum). NumPy, and ml_dtypes'
-    bfloat16, add 16-bit numbers in 16 bits: 10,000 bfloat16 ones sum to 256
-    (measured, ml_dtypes 0.7); PyTorch's kernels add in float32 inside.
+  * Mean is in FLOAT32 (PyTorch lists only sum). ml_dtypes' bfloat16 adds
+    in bfloat16: 10,000 bfloat16 ones sum to 256, and their mean is 0.0256
+    (measured, ml_dtypes 0.7, NumPy 2.4). NumPy's float16 depends on the
+    layout: down a strided axis it adds in float16 (10,000 ones sum to
+    2048), along a contiguous one its pairwise sum accumulates in float32,
+    and its mean of float16 always does. PyTorch's kernels add in float32
+    inside. (tests/test_claims.py checks each of these.)
   * Casts are not cached. PyTorch casts each float32 weight once per autocast
     region and reuses the copy; here a weight used twice is cast twice (two
     records, two copies saved). Simpler, and the copies are plainly seen.

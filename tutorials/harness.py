@@ -6,6 +6,12 @@ A tutorial is a Markdown file. Three kinds of fenced block matter here:
     ```output            what the Python block just above printed; checked exactly
                          (trailing spaces ignored; '...' matches anything, as in doctest)
     ```output timing     the same, but numbers may differ: timings are shown, never asserted
+    ```output rtol=0.05  the same, but each number may differ from the one shown by that fraction of it
+                         (atol=1e-9: by that much; both: either suffices); the words and the count
+                         of numbers must still match. For a figure that honestly varies a little
+                         from one BLAS kernel, thread count or CPU to another (a loss after some
+                         steps, an error of rounding): the text shows one machine's value, and the
+                         option says how far another machine's may stray.
 
 A Python block that prints something must be followed by an output block, so
 nothing printed goes unchecked, and no number in the text can drift from the
@@ -29,6 +35,11 @@ print where they do run, cannot be produced:
     ...
     <!-- skip: end -->
 
+A figure that is a statistic of rounding noise (the smallest of entries
+that are zero in exact arithmetic, an error's third digit) is not checked
+with a tolerance: it is not printed at all (STYLE.md, principle 19).
+`.ci/run` runs the tutorials under two OpenBLAS kernels and two thread counts.
+
 Four ways to use it:
 
     python -m pytest                          # tutorials/conftest.py hands this to pytest (via Sybil)
@@ -42,7 +53,12 @@ Four ways to use it:
 Run directly, each tutorial runs with tutorials/ as its working directory, as
 it does when opened as a notebook there, so it writes its pictures to
 figures/ (commit them). Under pytest it runs in a scratch folder instead, so a
-test run leaves the committed pictures alone.
+test run leaves the committed pictures alone. A picture redrawn from data
+that moved only by rounding (another BLAS kernel, another thread count) is
+the same picture in other bytes: after a tutorial runs, each picture of
+figures/ that is the same picture as before (bench/plots.py's
+`same_picture`) gets its old bytes back, so running the tutorials leaves
+git status clean on any machine, and a picture whose data changed is kept.
 
 What one tutorial leaves behind never reaches the next: each starts from a
 collected baseline (gc.collect(), so that no garbage from before is freed in
@@ -112,14 +128,47 @@ def check_output(example):
         text = actual if actual.endswith("\n") else actual + "\n"
         refresh.append((start, len(expected), text))
         return None
-    if not _matches(expected, actual, timing=kind.endswith("timing")):
-        raise SybilFailure(example, f"Expected:\n{_indent(expected)}Got:\n{_indent(actual)}")
+    if not _matches(expected, actual, kind):
+        raise SybilFailure(example, f"Expected{_tolerance_words(kind)}:\n{_indent(expected)}Got:\n{_indent(actual)}")
     return None
 
 
-def _matches(expected, actual, timing):
+def _options(kind):
+    """An output block's info string ('output', 'output timing', 'output rtol=0.05 atol=1e-9') as a dict."""
+    words = kind.split()[1:]
+    options = {"timing": "timing" in words}
+    for word in words:
+        if word == "timing":
+            continue
+        name, _, value = word.partition("=")
+        if name not in ("rtol", "atol") or not value:
+            raise ValueError(f"```{kind}: unknown option {word!r}; an output block takes timing, rtol=X or atol=X")
+        options[name] = float(value)
+    return options
+
+
+def _tolerance_words(kind):
+    """'' for an exact block; else what the check allowed, for the failure message."""
+    options = _options(kind)
+    if options["timing"]:
+        return " (numbers are timings, not compared)"
+    if "rtol" in options or "atol" in options:
+        return " (numbers within " + " or ".join(f"{k}={options[k]:g}" for k in ("rtol", "atol") if k in options) + ")"
+    return ""
+
+
+def _matches(expected, actual, kind="output"):
+    """Whether what was printed matches an output block of this kind (see the module docstring)."""
+    options = _options(kind)
     expected, actual = _normalise(expected), _normalise(actual)
-    if timing:  # a measured duration: everything but the numbers must match
+    if options["timing"]:  # a measured duration: everything but the numbers must match
+        expected, actual = _NUMBER.sub("<n>", expected), _NUMBER.sub("<n>", actual)
+    elif "rtol" in options or "atol" in options:  # numbers within the tolerance, the rest exactly
+        shown, printed = _NUMBER.findall(expected), _NUMBER.findall(actual)
+        rtol, atol = options.get("rtol", 0.0), options.get("atol", 0.0)
+        if len(shown) != len(printed) or any(abs(float(p) - float(s)) > max(atol, rtol * abs(float(s)))
+                                             for s, p in zip(shown, printed)):
+            return False
         expected, actual = _NUMBER.sub("<n>", expected), _NUMBER.sub("<n>", actual)
     return doctest.OutputChecker().check_output(expected, actual, doctest.ELLIPSIS)
 
@@ -150,13 +199,15 @@ def _check_nothing_pending(namespace):
 
 def parse_outputs(document):
     """The ```output blocks of a document, each checked by check_output."""
-    lexer = FencedCodeBlockLexer(language=r"output(?: timing)?", mapping={"language": "kind", "source": "source"})
+    lexer = FencedCodeBlockLexer(language=r"output(?:[ \t]+[^\n]*?)?[ \t]*", mapping={"language": "kind", "source": "source"})
     for region in lexer(document):
         # The block's text exactly as written (Sybil's lexeme is dedented, and a
         # right-aligned table's leading spaces are part of what is printed).
         start = region.start + region.lexemes["source"].offset
         end = document.text.rindex("\n", start - 1, region.end) + 1  # where the closing fence's line starts
-        region.parsed = (region.lexemes["kind"], document.text[start:end], start)
+        kind = " ".join(region.lexemes["kind"].split())
+        _options(kind)  # an unknown option fails here, when the document is read, not at its block
+        region.parsed = (kind, document.text[start:end], start)
         region.evaluator = check_output
         yield region
 
@@ -210,8 +261,8 @@ def run(path, refresh=False, workdir=HERE, record=None, counts=None):
 
     workdir: where it runs and writes its pictures (tutorials/ by default, so
     that they can be committed; None: a scratch folder, removed afterwards).
-    record: a list; for each output block, in order, (its kind: 'output' or
-    'output timing', what the Python block above it printed) is appended to
+    record: a list; for each output block, in order, (its kind: 'output',
+    'output timing', 'output rtol=0.05', ..., what the Python block above it printed) is appended to
     it (skipped blocks leave no entry).
     counts: a dict; it gets 'python' (Python blocks run), 'output' (output
     blocks compared, or rewritten with refresh) and 'skipped' (blocks behind
@@ -224,6 +275,7 @@ def run(path, refresh=False, workdir=HERE, record=None, counts=None):
     counts = {} if counts is None else counts
     counts.update(python=0, output=0, skipped=0)
     start = time.perf_counter()
+    before = _pictures(workdir)
     setup(document.namespace)
     try:
         for example in document.examples():
@@ -236,6 +288,7 @@ def run(path, refresh=False, workdir=HERE, record=None, counts=None):
                 counts[kind] += 1
     finally:
         teardown(document.namespace)
+        _keep_same_pictures(workdir, before)
     seconds = time.perf_counter() - start
     if refresh:
         text = document.text
@@ -244,6 +297,26 @@ def run(path, refresh=False, workdir=HERE, record=None, counts=None):
         with atomic_write(path, "w") as f:  # the package's one atomic writer
             f.write(text)
     return seconds
+
+
+def _pictures(workdir):
+    """{path: bytes} of the PNGs in workdir/figures (none for a scratch folder)."""
+    if workdir is None:
+        return {}
+    return {path: path.read_bytes() for path in (Path(workdir) / "figures").glob("*.png")}
+
+
+def _keep_same_pictures(workdir, before):
+    """Give each picture that a run redrew as the same picture its old bytes back (see the docstring)."""
+    redrawn = {path: old for path, old in before.items() if path.exists() and path.read_bytes() != old}
+    if not redrawn:
+        return
+    from tinygrad_ckpt.bench.plots import same_picture  # matplotlib: a tutorial that drew has it
+
+    for path, old in redrawn.items():
+        if same_picture(old, path.read_bytes()):
+            with atomic_write(path, "wb") as f:
+                f.write(old)
 
 
 # -- notebooks: what Jupyter printed, against the Markdown ---------------------------------
@@ -280,12 +353,12 @@ def check_notebook(path):
         if skippable and printed.startswith("skipped: "):
             continue
         kind, expected = output if output is not None else ("output", "")
-        if not _matches(expected, printed, timing=kind.endswith("timing")):
+        if not _matches(expected, printed, kind):
             raise AssertionError(f"{where}:\nExpected:\n{_indent(expected)}Got:\n{_indent(printed)}")
     return len(cells)
 
 
-_FENCE = re.compile(r"^```(python|output(?: timing)?)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^```(python|output(?:[ \t]+[^\n]*?)?)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _SKIP = re.compile(r"<!--\s*skip:\s*(start|end)\b")
 
 
@@ -300,7 +373,7 @@ def _python_blocks(text):
                 inside = starts if at < m.start() else inside
             blocks.append([m.group(2), None, inside])
         elif blocks and blocks[-1][1] is None:
-            blocks[-1][1] = (m.group(1), m.group(2))
+            blocks[-1][1] = (" ".join(m.group(1).split()), m.group(2))
     return [tuple(b) for b in blocks]
 
 

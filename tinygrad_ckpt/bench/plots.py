@@ -17,7 +17,11 @@
 Input is the dict strategies.collect() returns (and bench.json holds), so
 the plots can be redrawn from a saved JSON file: `plots.draw_all(json.load(f), dir)`.
 Every picture is written through the package's one atomic writer, readable
-by everyone as any file the user writes (the umask decides, as for open()).
+by everyone as any file the user writes (the umask decides, as for open()),
+and only if it is a different picture from the file already there
+(`same_picture`): a figure redrawn from data that moved by rounding (another
+BLAS kernel, another thread count) leaves a committed file, and git status,
+alone. The tutorials save their figures through `save` too.
 Colours of memory categories and recompute marks come from palette.py, which
 the tutorials use too.
 `plot_timeline(timeline)` draws one memory.Timeline (memory.record's), and
@@ -28,12 +32,15 @@ themselves (memory.py), the colours (palette.py), the interactive page
 (explorer.py).
 """
 
+import io
 import os
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy  # noqa: E402
 
 from ..memory import Timeline  # noqa: E402
 from ..serialization import atomic_write  # noqa: E402
@@ -64,13 +71,48 @@ def draw_all(results, output_dir):
     return paths
 
 
-def save(fig, path):
-    """Save fig as a PNG at path, atomically (serialization.atomic_write), and close it."""
+# Two renderings are the same picture when at most this fraction of their pixels differ by more than
+# PIXEL_CHANGE of full intensity in some channel. A curve moved by a fraction of a pixel (data that
+# moved by rounding) changes the antialiased edge's shade, by less than PIXEL_CHANGE; one digit of a
+# label changed is about 70 pixels at full contrast, more than 1 in 10,000 of a 600 x 400 picture.
+PIXEL_CHANGE = 0.25
+CHANGED_FRACTION = 1e-4
+
+
+def save(fig, path, dpi=110):
+    """Save fig as a PNG at path, atomically (serialization.atomic_write), and close it.
+
+    If path holds the same picture already (same_picture), it is left as it
+    is, byte for byte. Returns True if the file was written. The PNG carries
+    no "Software" field, so the bytes do not change with matplotlib's version.
+    """
+    buffer = io.BytesIO()
     try:
-        with atomic_write(path, "wb") as f:
-            fig.savefig(f, dpi=110, format="png")
+        fig.savefig(buffer, dpi=dpi, format="png", metadata={"Software": None})
     finally:
         plt.close(fig)
+    png = buffer.getvalue()
+    if os.path.exists(path) and same_picture(path, png):
+        return False
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_write(path, "wb") as f:
+        f.write(png)
+    return True
+
+
+def same_picture(a, b):
+    """Whether two PNGs (paths, or bytes) show the same picture, up to what rounding moves.
+
+    Same size, and at most CHANGED_FRACTION of the pixels differ by more
+    than PIXEL_CHANGE (of full intensity) in some channel.
+    """
+    a, b = (matplotlib.image.imread(io.BytesIO(x) if isinstance(x, bytes) else x) for x in (a, b))
+    if a.shape != b.shape:
+        return False
+    changed = numpy.abs(a.astype(numpy.float32) - b.astype(numpy.float32)) > PIXEL_CHANGE
+    if changed.ndim == 3:
+        changed = changed.any(axis=-1)
+    return changed.mean() <= CHANGED_FRACTION
 
 
 def peak_memory(results):
