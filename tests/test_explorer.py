@@ -248,7 +248,7 @@ def test_bench_without_plotly_says_how_to_get_the_page(tiny_bench_run, tmp_path,
     monkeypatch.setitem(sys.modules, "tinygrad_ckpt.bench.explorer", None)  # and so does the explorer's
     monkeypatch.delattr(tinygrad_ckpt.bench, "explorer", raising=False)
     assert command.write_page(results, "tables", str(tmp_path)) == []  # bench writes the rest before it
-    assert "pip install -e \".[report]\"" in capsys.readouterr().out
+    assert "pip install -e \".[bench]\"" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []
 
 

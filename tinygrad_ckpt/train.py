@@ -573,8 +573,8 @@ class Trainer:
         The SUM, not the mean: the accumulator divides once by the tokens of
         the whole effective batch (see accumulate.py for why). With a
         compute_loss_func, that function's (sum, items) for (model, batch).
-        Either runs under autocast when bf16 or fp16 is set, as Hugging Face's
-        Trainer runs a compute_loss_func inside its autocast context.
+        Either runs under autocast when bf16 or fp16 is set: mixed precision
+        is the run's, whichever model and loss it trains.
         """
         dtype = self.args.autocast_dtype  # fp16/bf16: the forward and the loss under autocast (mixed precision)
         with autocast.autocast(dtype) if dtype else contextlib.nullcontext():
