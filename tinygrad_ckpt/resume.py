@@ -26,8 +26,9 @@ What those files mean to a run lives here:
     (claim_output_dir), a resumed one a directory holding another run's
     checkpoints.
 
-Each function takes the Trainer whose run it saves or restores; the Trainer
-calls them in a line each (Trainer.save_checkpoint, save_model, train).
+The functions that save or restore a run take its Trainer, and the Trainer
+calls them in a line each (from train(), save_checkpoint() and save_model());
+those that read files take a path.
 
 What does not live here: the file format, its atomic write and its
 byte-by-byte checks (serialization.py); the loss scaler's own state check
