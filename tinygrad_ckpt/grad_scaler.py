@@ -222,7 +222,7 @@ def state_problem(state, scale_name="scale"):
     growth_factor > 1, backoff_factor in (0, 1), growth_interval an integer
     >= 1, _growth_tracker an integer in [0, growth_interval) (update() resets
     it at growth_interval; one past it would never grow the scale again).
-    train.verify_checkpoint uses it on a checkpoint's scaler before anything
+    resume.verify_checkpoint uses it on a checkpoint's scaler before anything
     is restored.
     """
     if not isinstance(state, dict):

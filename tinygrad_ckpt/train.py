@@ -78,8 +78,9 @@ share of every micro-batch, and the accumulators are summed across processes
 once per optimizer step. Only process 0 prints and saves.
 
 What does not live here: the accumulation buffers (accumulate.py), the
-optimizers (optim.py), the file format (serialization.py), the data set
-(data.py), the command line (cli.py), MPI (distributed.py).
+optimizers (optim.py), writing, verifying and resuming from checkpoints
+(resume.py), the file format (serialization.py), the data set (data.py),
+the command line (cli.py), MPI (distributed.py).
 """
 
 import contextlib
@@ -89,27 +90,27 @@ import re
 import secrets
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy
 
-from . import allocator, autocast, autograd, backend, memory, nn, policies, random, serialization
+from . import allocator, autocast, autograd, backend, memory, policies, random, resume, serialization
 from . import functional as F
 from .accumulate import GradientAccumulator
 from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
-from .grad_scaler import GradScaler, state_problem
+from .grad_scaler import GradScaler
 from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
-from .serialization import CheckpointFileError
+from .resume import MODEL_NAME, TrainerState
+# The saved-run functions live in resume.py; scripts and tests import them from here too:
+from .resume import checkpoint_path, sorted_checkpoints, verify_checkpoint  # noqa: F401
 from .tape import no_grad
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "linear", "cosine")
 ANOMALY = "anomaly mode:"  # how every error of anomaly mode begins (tape.py)
-CHECKPOINT_PREFIX = "checkpoint"  # output_dir/checkpoint-<optimizer step>.npz: the resumable training state
-MODEL_NAME = "model.npz"  # the trained model (and tokenizer, config), in output_dir
 
 
 def _field(default, help, **more):
@@ -352,139 +353,6 @@ class TrainerCallback:
         return None
 
 
-@dataclass
-class TrainerState:
-    """Where a run is: enough, with the model, optimizer and RNG, to resume it exactly."""
-
-    global_step: int = 0  # optimizer steps taken (skipped ones included: their examples were read)
-    epoch: int = 0  # the epoch being read
-    micro_step: int = 0  # micro-batches of this epoch already consumed (always at a group boundary)
-    log_history: list = None  # one dict per log entry
-    nonfinite_steps: int = 0  # optimizer steps skipped for a NaN or infinite loss or gradient norm, in all
-    consecutive_nonfinite_steps: int = 0  # ... in a row, up to now
-
-    def __post_init__(self):
-        self.log_history = [] if self.log_history is None else self.log_history
-
-
-# -- the checkpoints of a run: output_dir/checkpoint-<step>.npz ---------------------------
-def checkpoint_path(output_dir, step):
-    """Where the checkpoint of optimizer step `step` is written: output_dir/checkpoint-<step>.npz."""
-    return Path(output_dir) / f"{CHECKPOINT_PREFIX}-{step}.npz"
-
-
-def sorted_checkpoints(directory):
-    """[(step, path)] of the checkpoint-<step>.npz files in `directory`, newest (highest step) first."""
-    pattern = re.compile(rf"{CHECKPOINT_PREFIX}-(\d+)\.npz")
-    found = []
-    for path in Path(directory).iterdir():
-        match = pattern.fullmatch(path.name)
-        if match is not None and path.is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found, reverse=True)
-
-
-def verify_checkpoint(path):
-    """Read a Trainer checkpoint and check all of it; returns what serialization.load returns.
-
-    On top of serialization.load's checks (every byte, every array's dtype
-    and shape, the metadata's types): it holds a model, an optimizer, the
-    Trainer's state of the right types, only finite parameters and
-    optimizer state, and (fp16) a loss scaler state a GradScaler can reach
-    (grad_scaler.state_problem). Any problem raises CheckpointFileError
-    naming the file and the field.
-    """
-    checkpoint = serialization.load(path)
-    where = repr(str(path))
-
-    def expect(condition, what):
-        if not condition:
-            raise CheckpointFileError(f"{where} is not a resumable Trainer checkpoint: {what}")
-
-    def count(value):
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    expect(checkpoint["model"] is not None and checkpoint["optimizer"] is not None,
-           "it holds no model or no optimizer state")
-    extra = checkpoint["extra"]
-    state = extra.get("trainer_state")
-    names = {f.name for f in fields(TrainerState)}
-    expect(isinstance(state, dict) and set(state) <= names, "'trainer_state' is not a TrainerState")
-    expect(all(count(v) for k, v in state.items() if k != "log_history"), "'trainer_state' holds a bad step count")
-    expect(isinstance(state.get("log_history", []), list) and all(isinstance(e, dict) for e in state.get("log_history", [])),
-           "'trainer_state' holds a log history that is not a list of dicts")
-    expect(isinstance(extra.get("rng_states"), list) and all(isinstance(r, dict) for r in extra["rng_states"]),
-           "'rng_states' is not a list of generator states")
-    layout = extra.get("batch_layout")
-    expect(isinstance(layout, list) and len(layout) == 3 and all(count(v) for v in layout) and min(layout[:2]) >= 1,
-           "'batch_layout' is not [per_device_train_batch_size, gradient_accumulation_steps, seed]")
-    expect(count(extra.get("world_size", 1)) and extra.get("world_size", 1) >= 1, "'world_size' is not a process count")
-    expect(count(extra.get("train_examples", 1)) and extra.get("train_examples", 1) >= 1,
-           "'train_examples' is not a number of examples")
-    run_id = extra.get("run_id")
-    expect(run_id is None or (isinstance(run_id, str) and re.fullmatch(r"[0-9a-f]{1,64}", run_id)),
-           "'run_id' is not a run id (hexadecimal digits)")
-    for key in ("config", "tokenizer", "training_args"):
-        expect(isinstance(extra.get(key, {}), dict), f"{key!r} is not a dict")
-    _check_position(state, layout, extra, checkpoint["optimizer"]["steps"], expect)
-    if "grad_scaler" in extra:  # fp16: the loss scale goes on from here, so it must be one a scaler can reach
-        expect(extra["grad_scaler"] != {}, "its 'grad_scaler' is {}, what a disabled GradScaler saves; an fp16 "
-                                           "run saves the scale it reached")
-        problem = state_problem(extra["grad_scaler"])
-        expect(problem is None, f"its 'grad_scaler' is damaged: {problem}")
-    arrays = [(f"model/{name}", a) for name, a in checkpoint["model"].items()]
-    arrays += [(f"optimizer/{key}/{i}", a) for key, values in checkpoint["optimizer"]["state"].items()
-               for i, a in enumerate(values)]
-    for name, array in arrays:
-        if array.dtype.kind in "fc" and not numpy.isfinite(array).all():
-            raise CheckpointFileError(f"{where} holds non-finite values (NaN or inf) in {name}; it cannot be resumed from")
-    for name, value in checkpoint["optimizer"]["hyper"].items():
-        holds, requirement = HYPER_RANGES.get(name, (lambda v: True, "a finite number"))
-        values = value if isinstance(value, list) else [value]
-        expect(all(math.isfinite(v) and holds(v) for v in values),
-               f"the optimizer's {name} is {value!r}; it must be {requirement}")
-    for i, array in enumerate(checkpoint["optimizer"]["state"].get("exp_avg_sq", [])):
-        expect(not (array < 0).any(), f"optimizer/exp_avg_sq/{i}, a mean of squares, holds a negative value")
-    return checkpoint
-
-
-# What a checkpoint's optimizer hyperparameters may be (a list, such as betas: each of its numbers).
-HYPER_RANGES = {
-    "lr": (lambda v: v >= 0, "a finite number >= 0"),
-    "eps": (lambda v: v > 0, "a finite number > 0"),
-    "betas": (lambda v: 0 <= v < 1, "numbers in [0, 1)"),
-    "weight_decay": (lambda v: v >= 0, "a finite number >= 0"),
-    "momentum": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-}
-
-
-def _check_position(state, layout, extra, optimizer_steps, expect):
-    """The stored position must be one a run reaches: every count in range, the counts consistent.
-
-    Only what the checkpoint itself says is used here; the position against
-    this run's data is Trainer._restore's (a shorter data set moves on to
-    the next epoch).
-    """
-    state = {**asdict(TrainerState()), **state}
-    step, epoch, micro = state["global_step"], state["epoch"], state["micro_step"]
-    B, G, _ = layout
-    expect(micro % G == 0, f"its micro_step {micro} is not at the start of an optimizer step "
-                           f"(a multiple of gradient_accumulation_steps={G})")
-    if "train_examples" in extra:
-        per_epoch = math.ceil(extra["train_examples"] / (B * extra.get("world_size", 1)))
-        expect(micro < per_epoch, f"its micro_step {micro} is past the end of an epoch of {per_epoch} micro-batches "
-                                  f"(the {extra['train_examples']} examples it was written with)")
-    expect(step >= epoch + micro // G, f"its position (epoch {epoch}, micro_step {micro}) is more than "
-                                       f"global_step={step} optimizer steps can reach")
-    expect(state["consecutive_nonfinite_steps"] <= state["nonfinite_steps"] <= step,
-           f"its counts of skipped steps ({state['consecutive_nonfinite_steps']} in a row, "
-           f"{state['nonfinite_steps']} in all) exceed global_step={step}")
-    expect(all(s <= step for s in optimizer_steps), f"its optimizer has taken more steps "
-                                                    f"({max(optimizer_steps)}) than global_step={step}")
-    expect(all(type(e.get("step", 0)) is int and 0 <= e.get("step", 0) <= step for e in state["log_history"]),
-           f"its log history holds a step outside 0..global_step={step}")
-
-
 class Trainer:
     """Train `model` on `train_dataset` with `args`; see the module docstring.
 
@@ -614,7 +482,7 @@ class Trainer:
         args, acc = self.args, self.accumulator
         self._prepare_outputs(fresh=not resume_from_checkpoint)
         if resume_from_checkpoint:
-            self._load_checkpoint(resume_from_checkpoint)  # sets self.state, the model, optimizer, RNG and run id
+            resume.load_checkpoint(self, resume_from_checkpoint)  # sets self.state, the model, optimizer, RNG and run id
         else:
             random.manual_seed(args.seed)
             self.state, self.run_id = TrainerState(), secrets.token_hex(8)
@@ -659,7 +527,7 @@ class Trainer:
         n_micro = self.micro_batches_per_epoch
         begun = False  # the callbacks were told that this optimizer step began
         while state.global_step < total:
-            if state.micro_step >= n_micro:  # a position past this data's epoch (see _restore): the next epoch
+            if state.micro_step >= n_micro:  # a position past this data's epoch (see resume.py): the next epoch
                 state.epoch, state.micro_step = state.epoch + 1, 0
             order = epoch_order(len(self.train_dataset), args.seed, state.epoch)
             for m in range(state.micro_step, n_micro):
@@ -844,32 +712,13 @@ class Trainer:
                         print(f"removed {len(removed)} temporary file(s) left by an interrupted save: "
                               f"{', '.join(Path(p).name for p in removed)}", file=sys.stderr)
                     if fresh:
-                        self._claim_output_dir()
+                        resume.claim_output_dir(self)  # one output directory, one run
             except (OSError, ValueError, ImportError) as e:
                 error = e
         if self.distributed is not None:
             self.distributed.raise_if_any(error)
         elif error is not None:
             raise error
-
-    def _claim_output_dir(self):
-        """A fresh run's output_dir must hold no other run's output; overwrite_output_dir deletes it."""
-        directory = Path(self.args.output_dir)
-        previous = [path for _, path in sorted_checkpoints(directory)]
-        previous += [directory / MODEL_NAME] if (directory / MODEL_NAME).is_file() else []
-        if not previous:
-            return
-        names = ", ".join(path.name for path in previous[:4]) + (", ..." if len(previous) > 4 else "")
-        if not self.args.overwrite_output_dir:
-            raise ValueError(
-                f"output directory {str(directory)!r} already holds another run ({names}): continue it with "
-                "--resume (resume_from_checkpoint=True), replace it with --overwrite-output-dir "
-                "(overwrite_output_dir=True), or choose another --output-dir"
-            )
-        for path in previous:
-            path.unlink(missing_ok=True)
-        print(f"overwrite_output_dir: deleted the previous run's {len(previous)} file(s) in {str(directory)!r}: "
-              f"{names}", file=sys.stderr)
 
     def _check_ranks_start_together(self):
         """Every process must start from the same parameters (after a resume too: the same checkpoint)."""
@@ -881,274 +730,21 @@ class Trainer:
             raise type(e)(f"after resuming from {str(self.resumed_from)!r}: {e}; every process must read "
                           "the same checkpoint (a directory all of them share)") from None
 
-    # -- saving and resuming ------------------------------------------------------
+    # -- saving and resuming (resume.py) ------------------------------------------
     def save_checkpoint(self, path=None):
-        """Write everything needed to resume, atomically (a crash keeps the checkpoints already written).
+        """Write everything needed to resume, atomically: output_dir/checkpoint-<global_step>.npz by default.
 
-        path: None for output_dir/checkpoint-<global_step>.npz, after which
-        the oldest checkpoints beyond save_total_limit are deleted. Refuses
-        (FloatingPointError) to write a parameter or optimizer state that is
-        not finite. With several processes only process 0 writes (the others
-        hold the same model and optimizer state) and the others return None.
+        See resume.save_checkpoint (save_total_limit, the refusal of NaN or
+        inf, only process 0 writing).
         """
-        if not self.is_main_process:
-            return None
-        if path is None and self.args.output_dir is None:
-            raise ValueError("save_checkpoint(): output_dir is None, so there is nowhere to save; pass a path")
-        self._check_finite("save a checkpoint")
-        path = checkpoint_path(self.args.output_dir, self.state.global_step) if path is None else Path(path)
-        extra = {
-            "trainer_state": asdict(self.state),
-            "rng_states": [g.bit_generator.state for g in self._generators()],  # dropout masks to come
-            "batch_layout": [self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, self.args.seed],
-            "world_size": self.world_size,  # micro_step counts micro-batches of all processes together
-            "train_examples": len(self.train_dataset),  # micro_step is a position in an epoch of these
-            "run_id": self.run_id,  # resuming takes only one run's checkpoints
-            "training_args": asdict(self.args),  # for the reader; resuming uses the args it is given
-        }
-        if self.scaler.enabled:
-            extra["grad_scaler"] = self.scaler.state_dict()  # fp16: the loss scale goes on where it was
-        extra.update(self._model_description())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        serialization.save(path, model=self.model, optimizer=self.optimizer, extra=extra)
-        if self.args.output_dir is not None and path.parent.resolve() == Path(self.args.output_dir).resolve():
-            self._rotate_checkpoints(self.state.global_step)
-        return path
-
-    def _rotate_checkpoints(self, saved_step):
-        """Keep the checkpoint just written and the newest save_total_limit - 1 older ones.
-
-        Checkpoints of later steps (left by a run that went further, and
-        skipped when this one resumed) are never deleted here.
-        """
-        limit = self.args.save_total_limit
-        if limit is None:
-            return
-        older = [path for step, path in sorted_checkpoints(self.args.output_dir) if step < saved_step]
-        for path in older[limit - 1:]:
-            path.unlink(missing_ok=True)
-
-    def _check_finite(self, doing):
-        """Raise FloatingPointError naming the first parameter, buffer or optimizer state that holds NaN or inf."""
-        arrays = [(f"parameter {name!r}", p.data) for name, p in self.model.named_parameters()]
-        arrays += [(f"buffer {name!r}", b.data) for name, b in self.model.named_buffers()]
-        arrays += [(f"optimizer state {key}[{i}]", a) for key in self.optimizer.state_names
-                   for i, a in enumerate(getattr(self.optimizer, key))]
-        for name, array in arrays:
-            xp = backend.module_of(array)
-            if array.dtype.kind in "fc" and not bool(backend.to_host(backend.as_array(xp.isfinite(array).all()))):
-                raise FloatingPointError(
-                    f"refusing to {doing}: {name} holds NaN or inf, so the model has diverged; the checkpoints "
-                    "already written are kept. Resume from the newest one with a lower learning rate"
-                )
-
-    def _model_description(self):
-        """The model's configuration (a dataclass, as GPTConfig) and the tokenizer, as JSON values."""
-        description = {}
-        config = getattr(self.model, "config", None)
-        if is_dataclass(config):
-            description["config"] = asdict(config)
-        if self.tokenizer is not None:
-            description["tokenizer"] = self.tokenizer.state_dict()
-        return description
-
-    def _load_checkpoint(self, where):
-        """Restore the newest checkpoint that verifies (of `where`: True, a directory or a file).
-
-        A damaged checkpoint (CheckpointFileError) is skipped for the next older
-        one, and said so; one written by another model, tokenizer, batch
-        layout or number of processes is an error, since every checkpoint of
-        the directory comes from the same run. Everything is checked before
-        anything is restored.
-        """
-        if where is True:
-            if self.args.output_dir is None:
-                raise ValueError("resume_from_checkpoint=True looks in output_dir, which is None; "
-                                 "set output_dir or pass the checkpoint's path")
-            where = self.args.output_dir
-        where = Path(where)
-        if where.is_dir():
-            candidates = [path for _, path in sorted_checkpoints(where)]
-            if not candidates:
-                raise FileNotFoundError(f"no checkpoint to resume from in {str(where)!r} (no {CHECKPOINT_PREFIX}-<step>.npz); "
-                                        "was the run saved (save_steps / output_dir)?")
-            _check_one_run(where, candidates)
-        elif where.exists():
-            candidates = [where]
-        else:
-            raise FileNotFoundError(f"no checkpoint to resume from at {str(where)!r}; was the run saved (save_steps / output_dir)?")
-        self.skipped_checkpoints = []
-        for path in candidates:
-            try:
-                checkpoint = verify_checkpoint(path)
-            except CheckpointFileError as e:
-                if len(candidates) == 1:
-                    raise
-                self.skipped_checkpoints.append((path, str(e)))
-                if self.is_main_process:
-                    print(f"resume: skipped {path}: {e}", file=sys.stderr)
-                continue
-            self._check_output_dir_is_this_run(checkpoint["extra"].get("run_id"), path)
-            self._restore(checkpoint, path)
-            self.resumed_from = path
-            if self.is_main_process and self.skipped_checkpoints:
-                print(f"resume: continuing from {path} (optimizer step {self.state.global_step})", file=sys.stderr)
-            return path
-        raise CheckpointFileError(f"no checkpoint in {str(where)!r} can be resumed from: all {len(candidates)} are damaged "
-                              f"(the newest: {self.skipped_checkpoints[0][1]})")
-
-    def _check_output_dir_is_this_run(self, run_id, source):
-        """Resuming from `source` (of run `run_id`) writes into output_dir: it must hold no other run's checkpoints.
-
-        With overwrite_output_dir they are deleted, and said so. Checked
-        before anything is restored, by every process (they resume from a
-        directory they share, so they stop alike, never one waiting for the others).
-        """
-        directory = self.args.output_dir
-        if directory is None or not Path(directory).is_dir():
-            return
-        others = {rid: paths for rid, paths in _checkpoint_runs(p for _, p in sorted_checkpoints(directory)).items()
-                  if rid != run_id}
-        if not others:
-            return
-        listed = _describe_runs(others)
-        if not self.args.overwrite_output_dir:
-            raise ValueError(
-                f"output directory {str(directory)!r} holds another run's checkpoints ({listed}), not those of "
-                f"the run {str(source)!r} continues ({'run ' + run_id if run_id else 'without a run id'}): "
-                "choose another --output-dir, or --overwrite-output-dir (overwrite_output_dir=True) to delete them"
-            )
-        for paths in others.values():
-            for path in paths:
-                path.unlink(missing_ok=True)
-        if self.is_main_process:
-            print(f"overwrite_output_dir: deleted another run's checkpoints in {str(directory)!r}: {listed}",
-                  file=sys.stderr)
-
-    def _restore(self, checkpoint, path):
-        """Check that `checkpoint` belongs to this run, then restore the model, optimizer, state and RNG."""
-        extra, args, where = checkpoint["extra"], self.args, repr(str(path))
-        B, G, seed = extra["batch_layout"]
-        if (B, G, seed) != (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed):
-            raise ValueError(
-                f"the checkpoint {where} was written with per_device_train_batch_size={B}, gradient_accumulation_steps={G}, "
-                f"seed={seed}; resume with the same values so the data position means the same examples"
-            )
-        if extra.get("world_size", 1) != self.world_size:
-            raise ValueError(
-                f"the checkpoint {where} was written by {extra.get('world_size', 1)} process(es), this run has "
-                f"{self.world_size}: resume with the same `mpiexec -n` so the data position means the same examples"
-            )
-        ours = self._model_description()
-        for key, what in (("tokenizer", "tokenizer"), ("config", "model configuration")):
-            if key in ours and key in extra:
-                for name in list(ours[key]) + [n for n in extra[key] if n not in ours[key]]:
-                    if ours[key].get(name) != extra[key].get(name):
-                        raise ValueError(
-                            f"cannot resume from {where}: its {what} differs in {name!r}: "
-                            f"{_difference(extra[key].get(name), ours[key].get(name))}; resume with the "
-                            f"{'data' if key == 'tokenizer' else 'model settings'} the checkpoint was written with"
-                        )
-        generators = self._generators()
-        if len(extra["rng_states"]) != len(generators):
-            raise ValueError(
-                f"the checkpoint {where} holds {len(extra['rng_states'])} random generator states, this model uses "
-                f"{len(generators)}: resume with the model the checkpoint was written from"
-            )
-        for g, saved in zip(generators, extra["rng_states"]):
-            try:  # on a throwaway generator first: nothing is restored unless all of it can be
-                type(g.bit_generator)().state = saved
-            except (TypeError, ValueError, KeyError) as e:
-                raise CheckpointFileError(f"{where} holds a random generator state that does not fit "
-                                      f"{type(g.bit_generator).__name__} ({type(e).__name__}: {e})") from None
-        serialization.restore(checkpoint, model=self.model, optimizer=self.optimizer)  # checks, then copies
-        self.state, self.run_id = TrainerState(**extra["trainer_state"]), extra.get("run_id")
-        if self.scaler.enabled and "grad_scaler" in extra:
-            self.scaler.load_state_dict(extra["grad_scaler"])
-        for g, saved in zip(generators, extra["rng_states"]):
-            g.bit_generator.state = saved
-        self._fit_position(extra.get("train_examples"))
-
-    def _fit_position(self, saved_examples):
-        """Move a restored position that is past this data's epoch to the next epoch, and say so.
-
-        The checkpoint's own counts were range-checked (verify_checkpoint);
-        here they meet this run's data: with fewer examples than when the
-        checkpoint was written, its micro-batch may lie beyond the end of an
-        epoch, and the run continues at the start of the next one, as
-        Hugging Face's Trainer does. Any other change of the data is said too:
-        the order of an epoch depends on the number of examples.
-        """
-        state, n, n_micro = self.state, len(self.train_dataset), self.micro_batches_per_epoch
-        if saved_examples in (None, n) and state.micro_step < n_micro:
-            return
-        had = "another number" if saved_examples is None else saved_examples
-        if state.micro_step >= n_micro:
-            now = (f"it stopped at micro-batch {state.micro_step} of epoch {state.epoch}, past this data's "
-                   f"{n_micro} per epoch: continuing at the start of epoch {state.epoch + 1}")
-            state.epoch, state.micro_step = state.epoch + 1, 0
-        else:
-            now = (f"continuing at micro-batch {state.micro_step} of epoch {state.epoch}, in this data's order "
-                   "(an epoch's order depends on the number of examples)")
-        if self.is_main_process:
-            print(f"resume: the training data has {n} examples, the checkpoint's run had {had}; {now}", file=sys.stderr)
-
-    def _generators(self):
-        """The random generators a run draws from: the default one, then each Dropout's own, once."""
-        generators = [random.default_generator]
-        for module in self.model.modules():
-            rng = getattr(module, "rng", None) if isinstance(module, nn.Dropout) else None
-            if rng is not None and all(rng is not g for g in generators):
-                generators.append(rng)
-        return generators
+        return resume.save_checkpoint(self, path)
 
     def save_model(self, path=None):
         """Write the trained model (with the tokenizer and the model's config, if any) atomically.
 
-        Refuses (FloatingPointError) a model that holds NaN or inf. Only
-        process 0 writes; the others return None.
+        See resume.save_model: output_dir/model.npz by default; NaN or inf refused.
         """
-        if not self.is_main_process:
-            return None
-        if path is None and self.args.output_dir is None:
-            raise ValueError("save_model(): output_dir is None, so there is nowhere to save; pass a path")
-        self._check_finite("save the model")
-        path = Path(self.args.output_dir) / MODEL_NAME if path is None else Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        serialization.save(path, model=self.model, extra=self._model_description())
-        return path
-
-
-def _checkpoint_runs(paths):
-    """{run id: [paths]} of checkpoint files, reading only their metadata; damaged files are left out."""
-    runs = {}
-    for path in paths:
-        try:
-            run_id = serialization.read_extra(path).get("run_id")
-        except (CheckpointFileError, OSError):
-            continue  # the resume's own checks say what is wrong with it, if it is ever read
-        runs.setdefault(run_id, []).append(path)
-    return runs
-
-
-def _describe_runs(runs):
-    return "; ".join(f"{'run ' + run_id if run_id else 'a run without a run id'}: {', '.join(p.name for p in paths)}"
-                     for run_id, paths in runs.items())
-
-
-def _check_one_run(directory, candidates):
-    """Refuse a directory whose checkpoints come from more than one run (their run ids differ).
-
-    Resuming would otherwise take the newest step, whichever run wrote it.
-    """
-    runs = _checkpoint_runs(candidates)
-    if len(runs) > 1:
-        listed = _describe_runs(runs)
-        raise ValueError(
-            f"cannot resume from {str(directory)!r}: it holds the checkpoints of {len(runs)} different runs "
-            f"({listed}); move the other run's checkpoints away, or resume from one file (--resume PATH, "
-            "resume_from_checkpoint=PATH) into another --output-dir"
-        )
+        return resume.save_model(self, path)
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (\S+)\n\s*(.*)$', re.MULTILINE)
@@ -1171,15 +767,6 @@ def _anomaly_summary(error):
     return (f"{what} At {where or 'an unknown line'} (detect_anomaly=True stops the run at the first NaN or "
             "infinity; for the traceback of the forward call: --debug on the command line, or this error's "
             "__cause__)")
-
-
-def _difference(saved, ours):
-    """'the checkpoint has X, this run has Y', pointing at the first difference of two strings or lists."""
-    if isinstance(saved, (str, list)) and isinstance(ours, (str, list)) and len(saved) > 8:
-        at = next((i for i, (a, b) in enumerate(zip(saved, ours)) if a != b), min(len(saved), len(ours)))
-        return (f"the checkpoint's has {len(saved)} entries, this run's {len(ours)}; the first difference is at "
-                f"position {at}: {saved[at:at + 1]!r} against {ours[at:at + 1]!r}")
-    return f"the checkpoint has {saved!r}, this run has {ours!r}"
 
 
 def format_log(entry, total_steps):
