@@ -64,3 +64,101 @@ def test_docstring_examples_run(name):
     for test in tests:
         runner.run(test, out=report.append)
     assert runner.failures == 0, "".join(report)
+
+
+# --- An example in a docstring is a doctest, not an indented sketch that never runs ---------------------------------
+#
+# A docstring line is a code-like example when it is indented at least 4 spaces beyond the docstring's body, is not
+# part of a `>>>` example, and is a Python statement a reader would type: an import; a block header (`for`, `with`,
+# `while`, `if`, `def`, `class`, ending in `:`); or a statement that calls a method (`loss.backward()`) or one of the
+# package's own public functions and classes (`checkpoint(block, x)`). Prose never parses as Python; an argument
+# list (`x: the input, (B, T)`) does not either; a formula (`p = p - lr * m / (sqrt(v) + eps)`) calls no method and
+# no package function. Names of the CuPy stand-in (testing/strict_cupy.py: `sqrt`, `exp`, ...) are NumPy's, not ours.
+
+import ast  # noqa: E402
+
+HEADER = re.compile(r"(for|with|while|if|elif|def|class)\b")
+# (file relative to the package, object whose docstring it is): why its indented code stays a sketch, not a doctest
+SKETCHES = {}
+
+
+def _public_names():
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "strict_cupy.py":
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                names.add(node.name)
+    return names
+
+
+PUBLIC = _public_names()
+
+
+def _is_code(line):
+    """Is this stripped docstring line a Python statement used as an example (see the rule above)?"""
+    if HEADER.match(line):
+        try:
+            ast.parse(line + "\n    pass")
+            return True
+        except SyntaxError:
+            return False
+    try:
+        body = ast.parse(line).body
+    except SyntaxError:
+        return False
+    if len(body) != 1:
+        return False
+    if isinstance(body[0], (ast.Import, ast.ImportFrom)):
+        return True
+    return any(isinstance(n, ast.Call) and (isinstance(n.func, ast.Attribute)
+                                          or (isinstance(n.func, ast.Name) and n.func.id in PUBLIC))
+               for n in ast.walk(body[0]))
+
+
+def _sketches(text):
+    """The code-like lines of one cleaned docstring that sit outside its `>>>` examples."""
+    found, in_example = [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(">>>"):
+            in_example = True
+        elif not stripped:
+            in_example = False
+        elif not in_example and len(line) - len(line.lstrip()) >= 4 and _is_code(stripped):
+            found.append(stripped)
+    return found
+
+
+def _docstrings(path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=True)
+            if text:
+                yield getattr(node, "name", "<module>"), text
+
+
+def test_the_sketch_rule_tells_code_from_prose():
+    assert _sketches("Use it so:\n\n    y = checkpoint(block, x)\n    loss.backward()\n") == [
+        "y = checkpoint(block, x)", "loss.backward()"]
+    assert _sketches("Use it so:\n\n    with autocast('float16'):  # here\n        pass\n")[0].startswith("with")
+    assert _sketches("Import:\n\n    from tinygrad_ckpt import meta\n") == ["from tinygrad_ckpt import meta"]
+    assert _sketches(">>> with no_grad():\n...     y = f(x)\n>>> y.shape\n(2, 3)\n") == []
+    prose = ("Args:\n    x: the input, (B, T)\n    reduction (str): \"sum\" or \"mean\"\n"
+             "Wrapped:\n    with no slot; the planner below what one level reaches,\n"
+             "    p = p - lr * m / (sqrt(v) + eps)\n    out = weight (G, K) @ cols   (N, G, L)\n"
+             "    (StepMemory.device_peak_bytes);\nRun:\n\n    python -m tinygrad_ckpt train --max-steps 3\n")
+    assert _sketches(prose) == []
+
+
+FILES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("relative", FILES)
+def test_no_docstring_shows_code_that_does_not_run(relative):
+    """An example a reader copies is one the tests ran: usage is shown as `>>>`, a shell command as prose."""
+    stale = [f"{name}: {line}" for name, text in _docstrings(PACKAGE / relative)
+             if (relative, name) not in SKETCHES for line in _sketches(text)]
+    assert not stale, (f"{relative}: indented code in a docstring that no test runs; write it as a `>>>` example "
+                       "(or, if it cannot run here, add it to SKETCHES with the reason):\n  " + "\n  ".join(stale))
