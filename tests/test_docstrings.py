@@ -15,7 +15,7 @@ import pytest
 import tinygrad_ckpt
 
 PACKAGE = Path(tinygrad_ckpt.__file__).parent
-OPTIONAL = {"tinygrad_ckpt.bench.plots": "matplotlib"}  # modules that import an optional extra
+OPTIONAL = {"tinygrad_ckpt.bench.plots": "matplotlib", "tinygrad_ckpt.bench.explorer": "plotly"}  # modules that import an optional extra
 
 
 def _module_name(path):
