@@ -79,7 +79,10 @@ import ast  # noqa: E402
 
 HEADER = re.compile(r"(for|with|while|if|elif|def|class)\b")
 # (file relative to the package, object whose docstring it is): why its indented code stays a sketch, not a doctest
-SKETCHES = {}
+SKETCHES = {
+    ("distributed.py", "DataParallel"): "it needs N processes started by `mpiexec -n N` (MPI's COMM_WORLD); "
+                                        "tests/test_distributed.py runs it so, through tests/mpi_worker.py",
+}
 
 
 def _public_names():
