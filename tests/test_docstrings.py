@@ -76,6 +76,7 @@ def test_docstring_examples_run(name):
 # no package function. Names of the CuPy stand-in (testing/strict_cupy.py: `sqrt`, `exp`, ...) are NumPy's, not ours.
 
 import ast  # noqa: E402
+import textwrap  # noqa: E402
 
 HEADER = re.compile(r"(for|with|while|if|elif|def|class)\b")
 # (file relative to the package, object whose docstring it is): why its indented code stays a sketch, not a doctest
@@ -99,9 +100,19 @@ def _public_names():
 PUBLIC = _public_names()
 
 
+def _is_code_statement(node):
+    """An import, a block statement, or a statement that calls a method or one of the package's functions."""
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.For, ast.With, ast.While, ast.If, ast.FunctionDef,
+                         ast.ClassDef)):
+        return True
+    return any(isinstance(n, ast.Call) and (isinstance(n.func, ast.Attribute)
+                                          or (isinstance(n.func, ast.Name) and n.func.id in PUBLIC))
+               for n in ast.walk(node))
+
+
 def _is_code(line):
-    """Is this stripped docstring line a Python statement used as an example (see the rule above)?"""
-    if HEADER.match(line):
+    """Is this stripped docstring line, read alone, a Python statement used as an example?"""
+    if HEADER.match(line):  # a block's first line: `with autocast("float16"):`
         try:
             ast.parse(line + "\n    pass")
             return True
@@ -111,26 +122,33 @@ def _is_code(line):
         body = ast.parse(line).body
     except SyntaxError:
         return False
-    if len(body) != 1:
-        return False
-    if isinstance(body[0], (ast.Import, ast.ImportFrom)):
-        return True
-    return any(isinstance(n, ast.Call) and (isinstance(n.func, ast.Attribute)
-                                          or (isinstance(n.func, ast.Name) and n.func.id in PUBLIC))
-               for n in ast.walk(body[0]))
+    return len(body) == 1 and _is_code_statement(body[0])
+
+
+def _code_in(block):
+    """The code-like lines of one indented block: read whole if it parses (a call over two lines), else line by line."""
+    try:
+        body = ast.parse(textwrap.dedent("\n".join(block))).body
+    except SyntaxError:
+        return [line.strip() for line in block if _is_code(line.strip())]
+    return [block[node.lineno - 1].strip() for node in body if _is_code_statement(node)]
 
 
 def _sketches(text):
     """The code-like lines of one cleaned docstring that sit outside its `>>>` examples."""
-    found, in_example = [], False
-    for line in text.splitlines():
+    found, block, in_example = [], [], False
+    for line in text.splitlines() + [""]:
         stripped = line.strip()
+        indented = len(line) - len(line.lstrip()) >= 4
+        if block and not (stripped and indented and not stripped.startswith(">>>")):
+            found += _code_in(block)
+            block = []
         if stripped.startswith(">>>"):
             in_example = True
         elif not stripped:
             in_example = False
-        elif not in_example and len(line) - len(line.lstrip()) >= 4 and _is_code(stripped):
-            found.append(stripped)
+        elif not in_example and indented:
+            block.append(line)
     return found
 
 
@@ -147,6 +165,8 @@ def test_the_sketch_rule_tells_code_from_prose():
         "y = checkpoint(block, x)", "loss.backward()"]
     assert _sketches("Use it so:\n\n    with autocast('float16'):  # here\n        pass\n")[0].startswith("with")
     assert _sketches("Import:\n\n    from tinygrad_ckpt import meta\n") == ["from tinygrad_ckpt import meta"]
+    two_lines = "So:\n\n    args = TrainingArguments(max_steps=2,\n                             output_dir='out')\n"
+    assert _sketches(two_lines) == ["args = TrainingArguments(max_steps=2,"]
     assert _sketches(">>> with no_grad():\n...     y = f(x)\n>>> y.shape\n(2, 3)\n") == []
     prose = ("Args:\n    x: the input, (B, T)\n    reduction (str): \"sum\" or \"mean\"\n"
              "Wrapped:\n    with no slot; the planner below what one level reaches,\n"
