@@ -13,17 +13,26 @@ from .tensor import Tensor
 class GradientAccumulator:
     """Gradients of micro-batches added into buffers, for one optimizer step with their mean.
 
-        acc = GradientAccumulator(model.parameters(), gradient_accumulation_steps=8)
-        for batch in micro_batches:
-            logits, _ = model(batch["input_ids"])                  # (B, T, vocab)
-            loss = F.cross_entropy(logits, batch["labels"], reduction="sum")
-            loss.backward()                      # p.grad = d(sum of this micro-batch's losses)/dp
-            acc.accumulate(int((batch["labels"] != -100).sum()))   # buffer += p.grad; count the items
-            if acc.sync_gradients:               # this micro-batch ends a group: step now
-                acc.write_grads()                # p.grad = buffer / items in the whole group
-                clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                acc.zero_grad()                  # buffers to 0, counts to 0, p.grad = None
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor
+    >>> from tinygrad_ckpt.nn import Parameter
+    >>> w = Parameter(numpy.zeros(1, dtype=numpy.float32))
+    >>> acc = GradientAccumulator([w], gradient_accumulation_steps=2)
+    >>> for batch in ([1.0, 2.0, 3.0], [6.0]):       # micro-batches of 3 items and 1
+    ...     (w * Tensor(batch)).sum().backward()      # the SUM of this micro-batch's losses
+    ...     acc.accumulate(len(batch))                # buffer += w.grad; count the items
+    False
+    True
+    >>> acc.sync_gradients                            # the 2nd micro-batch ended the group
+    True
+    >>> acc.write_grads()                             # w.grad = buffer / the group's 4 items
+    4
+    >>> w.grad.data                                   # the mean over all 4: (1 + 2 + 3 + 6) / 4
+    array([3.], dtype=float32)
+    >>> acc.zero_grad()                               # after the optimizer step: buffers and counts to 0
+
+    In a training loop, clip and step the optimizer between `write_grads`
+    and `zero_grad` (train.py's Trainer does).
 
     The contract: each micro-batch backpropagates the SUM of its per-item
     losses and passes its item count to `accumulate`; `write_grads` divides

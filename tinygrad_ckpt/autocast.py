@@ -1,9 +1,17 @@
 """Autocast: inside `with autocast("bfloat16"):` each op runs in the dtype its policy gives.
 
-    with autocast("bfloat16"):            # or "float16"
-        logits, _ = model(input_ids)      # Linear and MatMul in bfloat16, LayerNorm and softmax in float32
-        loss = F.cross_entropy(logits, targets, reduction="sum")   # float32
-    loss.backward()                       # outside: backward follows the forward's dtypes by itself
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor, nn
+    >>> import tinygrad_ckpt.functional as F
+    >>> layer = nn.Linear(4, 3, rng=numpy.random.default_rng(0))   # float32 weights
+    >>> with autocast("float16"):             # or "bfloat16" (the bf16 extra: ml_dtypes)
+    ...     logits = layer(Tensor(numpy.ones((2, 4), dtype=numpy.float32)))
+    ...     loss = F.cross_entropy(logits, Tensor(numpy.array([0, 2])), reduction="sum")
+    >>> logits.dtype, loss.dtype              # Linear in float16, the loss in float32
+    (dtype('float16'), dtype('float32'))
+    >>> loss.backward()                       # outside: backward follows the forward's dtypes by itself
+    >>> layer.weight.grad.dtype               # a float32 parameter gets a float32 gradient
+    dtype('float32')
 
 Mixed precision's forward, as PyTorch's `torch.autocast`. The parameters
 stay float32 (the "master weights"); an op that should run in 16 bits gets

@@ -1,6 +1,11 @@
 """Autograd utilities with PyTorch's names (torch.autograd): grad, saved-tensor hooks, anomaly mode.
 
-    dx, dw = tinygrad_ckpt.autograd.grad(loss, [x, w])     # the gradients, .grad untouched
+    >>> from tinygrad_ckpt import Tensor
+    >>> x = Tensor([1.0, 2.0], requires_grad=True)
+    >>> w = Tensor([3.0, 4.0], requires_grad=True)
+    >>> dx, dw = grad((x * w).sum(), [x, w])     # the gradients ...
+    >>> dx.data, dw.data, x.grad                 # ... and .grad untouched
+    (array([3., 4.], dtype=float32), array([1., 2.], dtype=float32), None)
 
 `grad(outputs, inputs, grad_outputs=None, retain_graph=None,
 create_graph=False, allow_unused=False)` has PyTorch's signature and
@@ -14,9 +19,15 @@ supported: `create_graph=True`
 recorded computation, so that every byte it saves stays visible; asking for
 it is an error that says so.
 
-    with saved_tensors_hooks(pack, unpack):     # every array an op saves goes through pack
-        loss = model(x)
-    loss.backward()                             # ... and comes back through unpack
+    >>> packed = []
+    >>> def pack(t):
+    ...     packed.append(t.shape)
+    ...     return t
+    >>> with saved_tensors_hooks(pack, lambda t: t):   # every tensor an op saves goes through pack
+    ...     loss = (x * w).sum()
+    >>> packed                                          # Mul saved both its inputs
+    [(2,), (2,)]
+    >>> loss.backward()                                 # ... and they come back through unpack
 
 `saved_tensors_hooks(pack_hook, unpack_hook)` and `save_on_cpu()` have
 PyTorch's names and meaning (torch.autograd.graph): the choke point is
@@ -26,9 +37,10 @@ and unpacks it onto its device for backward; on NumPy the arrays are already
 in host memory, so it keeps them as they are. Tutorial 5 builds PyTorch's
 non-reentrant checkpoint from saved_tensors_hooks.
 
-    with tinygrad_ckpt.autograd.detect_anomaly():
-        loss = model(x, y)          # every op's outputs are checked for NaN and inf
-        loss.backward()             # and every gradient backward computes
+    >>> with detect_anomaly():     # every op's outputs are checked for NaN and inf, and every gradient
+    ...     Tensor([float("nan")], requires_grad=True) * 2
+    Traceback (most recent call last):
+    RuntimeError: anomaly mode: Function Mul (record #...) returned nan values in its output 0 during forward; ...
 
 In anomaly mode every record on the tape keeps the stack that created it, and
 the first op whose forward output is NaN (or infinite where its inputs were

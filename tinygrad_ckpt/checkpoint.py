@@ -1,6 +1,17 @@
 """Activation checkpointing: keep a segment's inputs, recompute its inside in backward.
 
-    y = checkpoint(block, x)     # the tape gets ONE record, "Checkpoint", saving x
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor
+    >>> from tinygrad_ckpt.tape import Tape, recording
+    >>> x = Tensor(numpy.ones((2, 3), dtype=numpy.float32), requires_grad=True)
+    >>> with recording(Tape()) as tape:
+    ...     y = checkpoint(lambda t: (t * t).exp().sum(), x)
+    >>> print(tape)              # ONE record, "Checkpoint", saving x (6 float32 = 24 B)
+    Tape: 1 records, 24 B of activations saved for backward
+      #0   Checkpoint       -> ()                 saved 24 B
+    >>> y.backward()             # re-runs the segment on a fresh tape, then backpropagates it
+    >>> x.grad.shape
+    (2, 3)
 
 The trade (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
 Cost"): normally every op of a segment keeps what its backward needs until

@@ -2,12 +2,17 @@
 
 What lives here, in the order a training run uses it:
 
-    text = load_text(path)                  # the embedded plays, or your own file
-    tokenizer = CharTokenizer.from_text(text)
-    train_ids, val_ids = train_val_split(tokenizer.encode(text), 0.1)
-    train = CharDataset(train_ids, block_size=64)   # train[i] -> {"input_ids", "labels"}
-    order = epoch_order(len(train), seed=0, epoch=0)  # a permutation: the seed alone decides it
-    batch = collate([train[i] for i in order[:16]])  # {"input_ids": (16, 64), "labels": (16, 64)}
+    >>> text = load_text()                  # the embedded plays, or load_text(path) for your own file
+    >>> tokenizer = CharTokenizer.from_text(text)
+    >>> train_ids, val_ids = train_val_split(tokenizer.encode(text), 0.1)
+    >>> train = CharDataset(train_ids, block_size=64)
+    >>> example = train[0]                  # labels: input_ids shifted by one token
+    >>> bool((example["labels"][:-1] == example["input_ids"][1:]).all())
+    True
+    >>> order = epoch_order(len(train), seed=0, epoch=0)   # a permutation: the seed alone decides it
+    >>> batch = collate([train[i] for i in order[:16]])
+    >>> {name: array.shape for name, array in batch.items()}
+    {'input_ids': (16, 64), 'labels': (16, 64)}
 
 `load_char_datasets(...)` does the first four lines at once, with clear
 errors for a missing, empty or too-short file. The language models (the

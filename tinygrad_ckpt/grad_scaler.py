@@ -1,14 +1,30 @@
 """GradScaler: loss scaling for float16 training, with PyTorch's semantics and defaults.
 
-    scaler = GradScaler()
-    with autocast("float16"):
-        logits, _ = model(input_ids)
-        loss = F.cross_entropy(logits, targets, reduction="sum")
-    scaler.scale(loss).backward()     # the gradients, times the scale
-    scaler.unscale_(optimizer)        # p.grad /= scale; are they all finite?
-    clip_grad_norm_(model.parameters(), 1.0)   # clipping sees the true gradients
-    scaler.step(optimizer)            # skipped if a gradient is inf or NaN
-    scaler.update()                   # halve the scale after an overflow, double it after 2000 good steps
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor
+    >>> from tinygrad_ckpt.nn import Parameter
+    >>> from tinygrad_ckpt.optim import SGD
+    >>> w = Parameter(numpy.ones(2, dtype=numpy.float32))
+    >>> optimizer, scaler = SGD([w], lr=0.5), GradScaler()
+    >>> scaler.scale((w * Tensor([3.0, 4.0])).sum()).backward()
+    >>> w.grad.data                   # the gradients, times the scale 2**16
+    array([196608., 262144.], dtype=float32)
+    >>> scaler.unscale_(optimizer)    # p.grad /= scale (clip after this); was any inf or NaN?
+    False
+    >>> w.grad.data
+    array([3., 4.], dtype=float32)
+    >>> scaler.step(optimizer), w.data      # stepped: w - 0.5 * grad
+    (True, array([-0.5, -1. ], dtype=float32))
+    >>> scaler.update()
+    >>> optimizer.zero_grad()
+    >>> scaler.scale((w * Tensor([float("inf"), 1.0])).sum()).backward()
+    >>> scaler.step(optimizer), w.data      # a gradient is inf: the step is skipped ...
+    (False, array([-0.5, -1. ], dtype=float32))
+    >>> scaler.update(); scaler.get_scale()  # ... and the scale halved (doubled after 2000 good steps)
+    32768.0
+
+In float16 training the forward runs under `autocast("float16")`
+(autocast.py) and the parameters stay float32.
 
 Why: float16's smallest normal number is about 6.1e-5; below it a value
 becomes subnormal and loses precision bit by bit, and below about 3e-8 (half

@@ -246,9 +246,19 @@ def timeline():
 def record(fn, *args, name=None, **kwargs):
     """Run fn(*args, **kwargs) with the timeline on; returns its `Timeline`.
 
-        timeline = memory.record(train_step, x, y)
-        plot_timeline(timeline)             # bench/plots.py: matplotlib (the `plot` extra)
-        write_timeline(timeline, "s.html")  # bench/explorer.py: the memory explorer page (the `report` extra)
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor, nn
+    >>> model = nn.Linear(3, 2, rng=numpy.random.default_rng(0))
+    >>> x = Tensor(numpy.ones((4, 3), dtype=numpy.float32))
+    >>> timeline = record(lambda x: model(x).sum().backward(), x)
+    >>> [(event["op"], event["phase"]) for event in timeline.events]
+    [('Linear', 'forward'), ('Sum', 'forward'), ('Sum', 'backward'), ('Linear', 'backward')]
+    >>> timeline.events[0]["saved"]     # Linear saved x for backward: 4*3 float32 = 48 bytes
+    48
+
+    Draw it with `plot_timeline` (bench/plots.py, the `plot` extra) or
+    write the memory explorer page with `write_timeline` (bench/explorer.py,
+    the `report` extra).
 
     name: what the pictures call it (default: fn's name). What fn returns
     is kept as `timeline.result`.

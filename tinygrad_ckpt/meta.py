@@ -12,11 +12,19 @@ step's memory: the meta device is a third array module beside NumPy and
 CuPy that also counts, plugged in through the backend's seam as the strict
 CuPy stand-in is:
 
-    from tinygrad_ckpt import meta      # installs device="meta"
-    model = GPT(config, device="meta")  # parameters with no values: nothing drawn
-    with meta.counting() as count:
-        Trainer(model, args, data).train()
-    count.peak                          # the highest live bytes of the step
+    >>> from tinygrad_ckpt import Tensor, meta, nn
+    >>> layer = nn.Linear(256, 256, device="meta")    # parameters with no values: nothing drawn
+    >>> with meta.counting() as count:                # counts the meta arrays made inside
+    ...     x = Tensor(meta.empty((4, 256), "float32"))
+    ...     layer(x).sum().backward()
+    >>> count.live                    # x 4*256*4 + weight.grad 256*256*4 + bias.grad 256*4 bytes
+    267264
+    >>> layer.weight.grad.data.sum().item()           # a question about values is refused
+    Traceback (most recent call last):
+    tinygrad_ckpt.backend.NeedsValues: .item(): a meta tensor has no values; ...
+
+`count.peak` is the highest live bytes; fit.py's `estimate_step` runs a
+whole Trainer step this way.
 
 Every array the engine makes passes through this module (an op's scratch
 arrays too: the `tmp` in `tmp = a * b; return tmp + c`), so its count of

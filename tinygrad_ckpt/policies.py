@@ -17,10 +17,19 @@ op they spare is one the recompute does not run.
 
 A policy is any callable op name -> decision, for example
 
-    def my_policy(op):                     # op: "Linear", "Softmax", "GELU", ...
-        return "save" if op == "Linear" else "recompute"
-
-    y = checkpoint(block, x, policy=my_policy)
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor, nn
+    >>> from tinygrad_ckpt.checkpoint import checkpoint
+    >>> from tinygrad_ckpt.tape import Tape, recording
+    >>> def my_policy(op):                 # op: "Linear", "Softmax", "GELU", ...
+    ...     return "save" if op == "Linear" else "recompute"
+    >>> block = nn.Sequential(nn.Linear(4, 4, rng=numpy.random.default_rng(0)), nn.GELU())
+    >>> x = Tensor(numpy.ones((2, 4), dtype=numpy.float32), requires_grad=True)
+    >>> with recording(Tape()) as tape:
+    ...     y = checkpoint(block, x, policy=my_policy)
+    >>> print(tape)                        # x (32 B) and the kept Linear output (2*4 float32, 32 B)
+    Tape: 1 records, 64 B of activations saved for backward
+      #0   Checkpoint       -> (2, 4)             saved 64 B
 
 Ready-made: `nothing_saveable` (full recompute), `everything_saveable`,
 `save_matmuls` (JAX's "dots saveable": keep MatMul and Linear results,

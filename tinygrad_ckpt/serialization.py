@@ -1,8 +1,20 @@
 """Saving and loading checkpoints: model weights, optimizer state, and what a run needs to resume.
 
-    save("run/ckpt.npz", model, optimizer, extra={"step": 100, "rng": rng.bit_generator.state})
-    extra = restore("run/ckpt.npz", model, optimizer)   # verifies, then copies in place; returns extra
-    checkpoint = load("run/ckpt.npz")                   # {"model": ..., "optimizer": ..., "extra": ...}
+    >>> import os, tempfile, numpy
+    >>> from tinygrad_ckpt import nn
+    >>> from tinygrad_ckpt.optim import AdamW
+    >>> model = nn.Linear(3, 2, rng=numpy.random.default_rng(0))
+    >>> run = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(run.name, "ckpt.npz")
+    >>> save(path, model, AdamW(model.parameters()), extra={"step": 100})   # extra: JSON values, or arrays
+    >>> other = nn.Linear(3, 2, rng=numpy.random.default_rng(1))
+    >>> restore(path, other, AdamW(other.parameters()))   # verifies, then copies in place; returns extra
+    {'step': 100}
+    >>> bool((other.weight.data == model.weight.data).all())
+    True
+    >>> sorted(load(path))                                 # the checkpoint as dicts of arrays
+    ['extra', 'model', 'optimizer']
+    >>> run.cleanup()
 
 The format is one `.npz` file, NumPy's zip of `.npy` arrays, because:
   - it needs nothing but NumPy (no new dependency);
@@ -76,8 +88,14 @@ class CheckpointFileError(ValueError):
 def atomic_write(path, mode="wb"):
     """Open a temporary file next to `path`; on success it replaces `path` in one step.
 
-        with atomic_write("log.json", "w") as f:
-            json.dump(data, f)
+    >>> import json, os, tempfile
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(directory.name, "log.json")
+    >>> with atomic_write(path, "w") as f:
+    ...     json.dump({"step": 1}, f)
+    >>> os.listdir(directory.name)            # the temporary file is gone: renamed onto path
+    ['log.json']
+    >>> directory.cleanup()
 
     If the block raises (or the process dies), `path` keeps its old contents
     and the temporary file is removed (or, after a hard crash, left as a

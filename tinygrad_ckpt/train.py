@@ -1,10 +1,25 @@
 """TrainingArguments and Trainer: the training loop, with Hugging Face's names.
 
-    args = TrainingArguments(per_device_train_batch_size=16, gradient_accumulation_steps=8,
-                             learning_rate=1e-3, max_steps=200, output_dir="out")
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val)
-    history = trainer.train()          # a list of log entries, one per logging_steps
-    trainer.train(resume_from_checkpoint=True)   # continue a stopped run exactly, from output_dir
+    >>> import tempfile, numpy
+    >>> from tinygrad_ckpt.data import CharDataset
+    >>> from tinygrad_ckpt.nn import GPT, GPTConfig
+    >>> model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16))
+    >>> train = CharDataset(numpy.arange(200) % 11, block_size=8)
+    >>> out = tempfile.TemporaryDirectory()
+    >>> args = TrainingArguments(per_device_train_batch_size=4, gradient_accumulation_steps=2,
+    ...                          max_steps=2, logging_steps=1, output_dir=out.name, disable_tqdm=True)
+    >>> history = Trainer(model=model, args=args, train_dataset=train).train()
+    step 1/2 | epoch 0.33 | loss ...
+    step 2/2 | epoch 0.67 | loss ...
+    >>> [entry["step"] for entry in history]          # one log entry per logging_steps
+    [1, 2]
+    >>> args.max_steps = 3                            # continue the stopped run exactly, from output_dir
+    >>> trainer = Trainer(model=model, args=args, train_dataset=train)
+    >>> _ = trainer.train(resume_from_checkpoint=True)
+    step 3/3 | epoch 1.00 | loss ...
+    >>> trainer.state.global_step
+    3
+    >>> out.cleanup()
 
 One optimizer step reads per_device_train_batch_size * gradient_accumulation_steps
 examples (the effective batch) as gradient_accumulation_steps micro-batches,

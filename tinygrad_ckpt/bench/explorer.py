@@ -1,8 +1,23 @@
 """The memory explorer: one self-contained HTML page of where every byte of a training step goes.
 
     tinygrad-ckpt bench                       # writes report.html beside bench.md
-    write_timeline(memory.record(step, x), "step.html")   # the same page for one step of your own
-    Trainer(..., callbacks=[MemoryReport("step.html")])   # one optimizer step of a run (train --memory-report)
+
+writes it for the bench's workloads; `write_timeline` writes the same page
+for one step of your own:
+
+    >>> import os, tempfile, numpy
+    >>> from tinygrad_ckpt import Tensor, memory, nn
+    >>> model = nn.Linear(3, 2, rng=numpy.random.default_rng(0))
+    >>> x = Tensor(numpy.ones((4, 3), dtype=numpy.float32))
+    >>> out = tempfile.TemporaryDirectory()
+    >>> page = write_timeline(memory.record(lambda x: model(x).sum().backward(), x), os.path.join(out.name, "s.html"))
+    >>> with open(page, encoding="utf-8") as f:
+    ...     f.read(15)
+    '<!DOCTYPE html>'
+    >>> out.cleanup()
+
+and `Trainer(..., callbacks=[MemoryReport(path)])` (`train --memory-report
+PATH`) for one optimizer step of a run.
 
 For each workload and strategy the page holds a stacked timeline of one
 training step by memory category (memory.py's events), with the forward,

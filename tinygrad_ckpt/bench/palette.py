@@ -3,10 +3,14 @@
 Every picture that shows memory by category uses these colours (the PNG
 plots, plots.py; the memory explorer page, explorer.py; the tutorials' own
 pictures), so that activations are the same red in a tutorial's timeline,
-in the bench's and on the page:
+in the bench's and on the page (matplotlib: `ax.stackplot(steps, *stacks,
+colors=[CATEGORY_COLOURS[c] for c in categories])`):
 
-    from tinygrad_ckpt.bench.palette import CATEGORY_COLOURS
-    ax.stackplot(steps, *stacks, colors=[CATEGORY_COLOURS[c] for c in categories])
+    >>> from tinygrad_ckpt.memory import CATEGORIES
+    >>> CATEGORY_COLOURS["activations"]
+    '#C44E52'
+    >>> all(c in CATEGORY_COLOURS for c in CATEGORIES)
+    True
 
 The categories are memory.py's (memory.CATEGORIES, every one of them here);
 the colours are only presentation, so they live here, with the

@@ -251,9 +251,18 @@ class LSTM(ChainCheckpointing, Module):
     def measure_time_steps(self, input, hx=None, repeats=2, cost="time"):
         """A schedules.LayerCost per time step of `input`, for schedules.plan_checkpoints:
 
-            costs = lstm.measure_time_steps(x)             # x as forward takes it
-            plan = plan_checkpoints(costs, budget_bytes)   # the cuts that recompute least within the budget
-            lstm.gradient_checkpointing_enable(plan)       # a plan for sequences of this length
+        >>> import numpy
+        >>> from tinygrad_ckpt import Tensor
+        >>> from tinygrad_ckpt.schedules import plan_checkpoints
+        >>> lstm = LSTM(4, 8, rng=numpy.random.default_rng(0))
+        >>> x = Tensor(numpy.ones((6, 2, 4), dtype=numpy.float32))   # (T, B, input_size), as forward takes it
+        >>> costs = lstm.measure_time_steps(x, cost="flops")
+        >>> len(costs)                                  # one per time step
+        6
+        >>> plan = plan_checkpoints(costs, 2000)        # the cuts that recompute least within 2000 bytes
+        >>> plan.segments, plan.peak_bytes              # (start, stop, checkpointed); predicted peak bytes
+        ([(0, 1, True), (1, 2, True), (2, 3, True), (3, 6, False)], 1920)
+        >>> lstm.gradient_checkpointing_enable(plan)    # a plan for sequences of this length
 
         The time steps are the chain (schedules.measure_layers, with the state
         as what one step hands the next): a step's input is every layer's

@@ -5,13 +5,21 @@ in the memory accounting. A `Module` is a plain Python object whose
 attributes may be Parameters or other Modules: there is no registration
 step and no `__setattr__` hook. `named_parameters()` simply walks
 `vars(self)` in assignment order, recursing into child modules, so
+assigning them is all a layer writes, and the names come out dotted as in
+PyTorch (`blocks.0.attn.c_attn.weight`):
 
-    self.weight = Parameter(...)
-    self.ln_1 = LayerNorm(...)
+    >>> import numpy
+    >>> from tinygrad_ckpt.nn import LayerNorm
+    >>> class Scale(Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.weight = Parameter(numpy.ones(3, dtype=numpy.float32))
+    ...         self.ln_1 = LayerNorm(3)
+    >>> [name for name, _ in Scale().named_parameters()]
+    ['weight', 'ln_1.weight', 'ln_1.bias']
 
-is all a layer writes, and the names come out dotted as in PyTorch
-(`blocks.0.attn.c_attn.weight`). Lists of modules go in a `ModuleList` or
-`Sequential` (layers.py), whose children are named "0", "1", ...
+Lists of modules go in a `ModuleList` or `Sequential` (layers.py), whose
+children are named "0", "1", ...
 
 Buffers are state that is saved with the model but not trained (BatchNorm's
 running statistics). A module declares them by name in the class attribute

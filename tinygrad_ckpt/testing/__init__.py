@@ -14,7 +14,8 @@
                     device='cuda' run on it, so the tests can prove the engine
                     never slips into NumPy on device arrays, without a GPU.
 
-    from tinygrad_ckpt.testing import check_accumulation, check_checkpoint
+The checks are imported from here (`from tinygrad_ckpt.testing import
+check_accumulation, check_checkpoint`); equivalence.py's docstrings run them.
 
 Below this floor nothing imports it: the techniques know nothing of how they
 are checked. The command line (cli.py) runs verify; the tests, tutorials 7

@@ -1,13 +1,14 @@
 """Hypothesis strategies for property tests of this engine, the ones its own tests draw from.
 
-    from hypothesis import given, strategies as st
-    from tinygrad_ckpt.testing import check_checkpoint, strategies as tst   # needs hypothesis
-
-    @given(chain=tst.chains(), data=st.data())
-    def test_my_strategy(chain, data):
-        model, x = chain.build()
-        segments = data.draw(tst.segment_plans(chain.depth))
-        check_checkpoint(model, x, strategy=segments, raise_exception=True)
+    >>> from hypothesis import given, settings, strategies as st
+    >>> from tinygrad_ckpt.testing import check_checkpoint, strategies as tst   # needs hypothesis
+    >>> @settings(max_examples=5, deadline=None, database=None)
+    ... @given(chain=tst.chains(), data=st.data())
+    ... def test_my_strategy(chain, data):
+    ...     model, x = chain.build()
+    ...     segments = data.draw(tst.segment_plans(chain.depth))
+    ...     check_checkpoint(model, x, strategy=segments, raise_exception=True)
+    >>> test_my_strategy()          # no output: every drawn model and plan passed
 
 What each draws:
 

@@ -3,16 +3,25 @@
 Why it exists: most machines that run the tests have no GPU, yet the engine
 promises to run on CuPy arrays without ever copying them to the host behind
 the user's back (each such copy makes the CPU wait for the GPU). Install
-this module as the 'cuda' array module,
+this module as the 'cuda' array module, and device='cuda' tensors hold
+`strict_cupy.ndarray`s: a NumPy array inside a wrapper that is *not* a
+NumPy array.
 
-    from tinygrad_ckpt import backend
-    from tinygrad_ckpt.testing import strict_cupy
-    backend.set_cuda_module(strict_cupy)
+    >>> import numpy
+    >>> from tinygrad_ckpt import Tensor, backend
+    >>> from tinygrad_ckpt.testing import strict_cupy
+    >>> previous = backend.set_cuda_module(strict_cupy)    # returns what was there, to put back
+    >>> x = Tensor([1.0, 2.0], device="cuda")
+    >>> (x * x).sum().data.get()                           # the explicit copy to the host
+    array(5., dtype=float32)
+    >>> numpy.asarray(x.data)
+    Traceback (most recent call last):
+    TypeError: Implicit conversion to a NumPy array is not allowed (as in CuPy). ...
+    >>> _ = backend.set_cuda_module(previous)
 
-and device='cuda' tensors hold `strict_cupy.ndarray`s: a NumPy array inside
-a wrapper that is *not* a NumPy array. Like CuPy's arrays it refuses to turn
-into one implicitly, so NumPy code applied to it inside the engine fails
-loudly instead of quietly working on the CPU:
+Like CuPy's arrays it refuses to turn into one implicitly, so NumPy code
+applied to it inside the engine fails loudly instead of quietly working on
+the CPU:
 
     numpy.asarray(x)                  TypeError (CuPy raises this too)
     numpy.exp(x), numpy.sum(x), ...   TypeError (CuPy would dispatch them; we
