@@ -30,7 +30,8 @@ Why: float16's smallest normal number is about 6.1e-5; below it a value
 becomes subnormal and loses precision bit by bit, and below about 3e-8 (half
 the smallest subnormal, 2**-24) it rounds to zero. Small gradients land
 there. Multiplying the loss by a large power of two moves every gradient up
-the same number of binades, out of that range; dividing the float32
+the same number of binades (a binade: the numbers between two neighbouring
+powers of two), out of that range; dividing the float32
 gradients by it again afterwards gives them back. Where nothing overflows or
 is subnormal (float32, bfloat16) a power of two only moves the exponent, so
 the unscaled gradients are bit for bit those of the unscaled loss
