@@ -2,8 +2,7 @@
 
 A figure redrawn from data that moved by rounding (another BLAS kernel or
 thread count) must leave a committed PNG byte for byte as it was, so that
-running the tutorials leaves git status clean on any machine (STYLE.md,
-principle 19); a figure whose data or labels changed must be written.
+running the tutorials leaves git status clean on any machine; a figure whose data or labels changed must be written.
 """
 
 import numpy

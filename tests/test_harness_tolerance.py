@@ -1,8 +1,7 @@
 """The harness's ```output rtol=X / atol=X blocks: numbers within the tolerance pass, the rest is exact.
 
 A figure that honestly varies from one BLAS kernel or thread count to
-another is shown with a tolerance the checker honours (STYLE.md, principle
-19); these tests prove the checker honours it and nothing more.
+another is shown with a tolerance the checker honours; these tests prove the checker honours it and nothing more.
 """
 
 import pytest

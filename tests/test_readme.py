@@ -52,7 +52,7 @@ def test_ci_runs_the_tutorials_every_documented_way_with_the_documented_commands
 
 
 def test_ci_runs_the_tutorials_and_numerical_tests_under_two_blas_kernels_and_two_thread_counts():
-    """STYLE.md, 19: what the tutorials print survives another BLAS kernel and thread count; CI proves it."""
+    """What the tutorials print survives another BLAS kernel and thread count; CI proves it."""
     text = CI.read_text()
     assert 'kernels="Haswell SkylakeX"' in text and "for threads in 1 2; do" in text
     ran = [line.strip() for line in text.splitlines() if line.strip().startswith("OPENBLAS_CORETYPE=$kernel")]
@@ -76,7 +76,7 @@ def test_every_install_instruction_works_from_the_clone():
 
 
 def test_the_readme_is_a_front_door():
-    """What it is, set up, the four commands, the map, where next: about 250 lines at most (STYLE.md, 16)."""
+    """What it is, set up, the four commands, the map, where next: about 250 lines at most."""
     lines = len(README.read_text().splitlines())
     print(f"README.md: {lines} lines")
     assert lines <= 250, f"README.md has {lines} lines; methods and results belong in benchmarks/README.md, " \
@@ -145,7 +145,7 @@ def test_the_verify_excerpt_is_what_verify_prints_with_its_errors_within_the_tol
     """The README's `tinygrad-ckpt verify` rows: model, strategy, tolerance and verdict as printed.
 
     Their errors are rounding, different with each BLAS kernel and thread
-    count (STYLE.md, 19), so the excerpt's errors are not compared with
+    count, so the excerpt's errors are not compared with
     this machine's: each is checked to be within its row's tolerance, as
     the verdict says.
     """

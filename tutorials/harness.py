@@ -37,7 +37,7 @@ print where they do run, cannot be produced:
 
 A figure that is a statistic of rounding noise (the smallest of entries
 that are zero in exact arithmetic, an error's third digit) is not checked
-with a tolerance: it is not printed at all (STYLE.md, principle 19).
+with a tolerance: it is not printed at all.
 `.ci/run` runs the tutorials under two OpenBLAS kernels and two thread counts.
 
 Four ways to use it:
