@@ -14,7 +14,7 @@ import pytest
 
 import tinygrad_ckpt as tg
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, backend, memory
+from tinygrad_ckpt import Tensor, autocast, backend, memory
 from tinygrad_ckpt.testing import strict_cupy
 from tinygrad_ckpt.function import Function
 
@@ -194,3 +194,18 @@ def test_engine_tests_run_on_cupy_here():
     x = Tensor(numpy.array([1.0, 2.0]), device="cuda", requires_grad=True)
     (x * x).sum().backward()
     numpy.testing.assert_array_equal(x.grad.numpy(), [2.0, 4.0])
+
+
+@pytest.mark.parametrize("name", ["bool", "int8", "uint16", "int64", "float16", "float32", "float64",
+                                  "complex64", "complex128", "U3", "V4"])
+def test_is_inexact_is_numpys_inexact_kind(name):
+    """One floating-or-complex check for the engine (tape, anomaly mode, saved-tensor hooks)."""
+    dtype = numpy.dtype(name)
+    assert backend.is_inexact(dtype) == numpy.issubdtype(dtype, numpy.inexact)
+
+
+def test_is_inexact_counts_bfloat16_which_numpy_files_as_void():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert numpy.dtype(ml_dtypes.bfloat16).kind == "V"
+    assert backend.is_inexact(ml_dtypes.bfloat16)
+    assert autocast.is_float(ml_dtypes.bfloat16) and not autocast.is_float(numpy.complex64)

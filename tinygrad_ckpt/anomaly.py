@@ -82,7 +82,7 @@ def _nonfinite(a):
 
     One explicit copy of a boolean to the host: anomaly mode waits for the GPU.
     """
-    if a is None or (a.dtype.kind not in "fc" and a.dtype.name != "bfloat16"):  # ml_dtypes' bfloat16 is kind 'V'
+    if a is None or not backend.is_inexact(a.dtype):
         return None
     xp = backend.module_of(a)
     if bool(backend.to_host(backend.as_array(xp.isfinite(a).all()))):

@@ -78,6 +78,8 @@ from contextlib import contextmanager
 
 import numpy
 
+from . import backend
+
 # The policy: op class names (function.py's Function subclasses) -> the dtype they run in.
 LOWER = {"MatMul", "Linear"}
 FLOAT32 = {"LayerNorm", "Softmax", "LogSoftmax", "CrossEntropy", "Exp", "Log", "Pow", "PowScalar", "Sum", "Mean"}
@@ -143,9 +145,8 @@ def bfloat16():
 
 
 def is_float(dtype):
-    """True for floating dtypes, bfloat16 included (NumPy files ml_dtypes' bfloat16 under kind 'V')."""
-    dtype = numpy.dtype(dtype)
-    return dtype.kind == "f" or dtype.name == "bfloat16"
+    """True for floating dtypes, bfloat16 included; not complex ones (torch.is_floating_point's meaning)."""
+    return backend.is_inexact(dtype) and numpy.dtype(dtype).kind != "c"
 
 
 def is_16bit(dtype):

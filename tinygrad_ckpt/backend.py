@@ -118,6 +118,15 @@ def device_of(array):
     )
 
 
+def is_inexact(dtype):
+    """True for floating and complex dtypes (NumPy's numpy.inexact), ml_dtypes' bfloat16 included.
+
+    NumPy files bfloat16 under kind 'V' (void), so a kind test alone misses it.
+    """
+    dtype = numpy.dtype(dtype)
+    return dtype.kind in "fc" or dtype.name == "bfloat16"
+
+
 def is_array(x):
     """True for an array of NumPy, of the CUDA module (CuPy, or the strict stand-in), or of the meta device."""
     if isinstance(x, numpy.ndarray):

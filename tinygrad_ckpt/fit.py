@@ -95,7 +95,7 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from . import activations, backend, memory, meta, policies
+from . import activations, autocast, backend, memory, meta, policies
 from .data import stack_collate
 from .nn.module import Parameter
 from .nn.transformer import GPT, GPTConfig
@@ -751,15 +751,13 @@ def _step_from_trace(trace, figures):
 
 
 def _dtype(name):
-    """A NumPy dtype from its name; bfloat16 from ml_dtypes (JAX's NumPy extension), if installed."""
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise ValueError("dtype 'bfloat16' needs the ml_dtypes package (NumPy has no bfloat16): "
-                             "pip install ml_dtypes") from None
-        return numpy.dtype(ml_dtypes.bfloat16)
-    return numpy.dtype(name)
+    """A NumPy dtype from its name; bfloat16 from ml_dtypes, as autocast gets it (ValueError without it)."""
+    if name != "bfloat16":
+        return numpy.dtype(name)
+    try:
+        return autocast.bfloat16()
+    except ImportError as e:  # the command line reports a ValueError as a one-line error
+        raise ValueError(str(e)) from None
 
 
 class StepProfile:

@@ -415,11 +415,8 @@ def _describe_metadata(meta):
 
 
 def _same_kind(got, saved):
-    """The same dtype, or two floating ones (bfloat16 from ml_dtypes is kind 'V' to NumPy)."""
-    def floating(d):
-        return d.kind in "fc" or d.name == "bfloat16"
-
-    return got == saved or (floating(got) and floating(saved))
+    """The same dtype, or two floating ones (bfloat16 included)."""
+    return got == saved or (backend.is_inexact(got) and backend.is_inexact(saved))
 
 
 def _alias(a, tensors):

@@ -705,8 +705,7 @@ class PlaceholderRead(RuntimeError):
 
 def placeholder(shape, dtype, device):
     xp = backend.module_for(device)
-    floating = numpy.dtype(dtype).kind in "fc" or numpy.dtype(dtype).name == "bfloat16"  # ml_dtypes' is kind 'V'
-    base = xp.full((), numpy.nan if floating else 0, dtype=dtype)
+    base = xp.full((), numpy.nan if backend.is_inexact(dtype) else 0, dtype=dtype)
     _placeholder_bases[id(base)] = base
     return xp.broadcast_to(base, shape)
 
