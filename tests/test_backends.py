@@ -7,6 +7,7 @@ uses NumPy on a device array fails.
 """
 
 import gc
+import operator
 import weakref
 
 import numpy
@@ -209,3 +210,15 @@ def test_is_inexact_counts_bfloat16_which_numpy_files_as_void():
     assert numpy.dtype(ml_dtypes.bfloat16).kind == "V"
     assert backend.is_inexact(ml_dtypes.bfloat16)
     assert autocast.is_float(ml_dtypes.bfloat16) and not autocast.is_float(numpy.complex64)
+
+
+@pytest.mark.parametrize("read", [bool, float, int, operator.index, lambda a: a.item(), lambda a: a.tolist()])
+def test_the_meta_array_and_the_strict_stand_in_refuse_the_same_reads(read):
+    """One base, backend.ReadsRefused: each refuses every Python read of a value, in its own words."""
+    import tinygrad_ckpt.meta as meta
+
+    for array, error, words in ((meta.empty((), "float32"), backend.NeedsValues, "no values"),
+                                (strict_cupy.asarray(numpy.float32(1.0)), TypeError, "implicit device->host")):
+        assert isinstance(array, backend.ReadsRefused)
+        with pytest.raises(error, match=words):
+            read(array)

@@ -162,6 +162,41 @@ def no_values(what, array, hint=None):
                        f"{array.dtype}. {hint}")
 
 
+class ReadsRefused:
+    """The Python reads of an array's values, refused: a base for arrays whose values Python may not see.
+
+    bool(), float(), int(), use as an index, .item() and .tolist() each raise
+    what `_refused(what)` returns. Two arrays are built on it: the meta
+    device's, which has no values at all (meta.py, NeedsValues), and the
+    strict CuPy stand-in's, whose values live on a "device" and leave it only
+    by an explicit, counted copy (testing/strict_cupy.py). Each says why in
+    its own words; neither ever answers with a made-up value.
+    """
+
+    __slots__ = ()
+
+    def _refused(self, what):
+        raise NotImplementedError("an array built on ReadsRefused says why a read is refused: define _refused")
+
+    def __bool__(self):
+        raise self._refused("bool()")
+
+    def __float__(self):
+        raise self._refused("float()")
+
+    def __int__(self):
+        raise self._refused("int()")
+
+    def __index__(self):
+        raise self._refused("using it as a Python integer")
+
+    def item(self):
+        raise self._refused(".item()")
+
+    def tolist(self):
+        raise self._refused(".tolist()")
+
+
 def array_module(*arrays):
     """The array module shared by `arrays`; a clear error if they disagree."""
     devices = {device_of(a) for a in arrays}

@@ -161,7 +161,7 @@ def _contiguous(shape, itemsize):
 _CONTIGUOUS = {}
 
 
-class ndarray:
+class ndarray(backend.ReadsRefused):
     """A shape, a dtype, strides and, for a view, the array owning the memory (`base`). No data."""
 
     __slots__ = ("shape", "dtype", "strides", "base", "nbytes", "contiguous", "_count", "__weakref__")
@@ -210,24 +210,9 @@ class ndarray:
     def __repr__(self):
         return f"meta.ndarray(shape={self.shape}, dtype={self.dtype})"
 
-    # -- values: none ------------------------------------------------------------
-    def __bool__(self):
-        raise _needs_values("bool()", self)
-
-    def __float__(self):
-        raise _needs_values("float()", self)
-
-    def __int__(self):
-        raise _needs_values("int()", self)
-
-    def __index__(self):
-        raise _needs_values("using it as a Python integer", self)
-
-    def item(self):
-        raise _needs_values(".item()", self)
-
-    def tolist(self):
-        raise _needs_values(".tolist()", self)
+    # -- values: none (bool(), float(), int(), .item(), .tolist(): backend.ReadsRefused) ----
+    def _refused(self, what):
+        return _needs_values(what, self)
 
     def __array__(self, *args, **kwargs):
         raise _needs_values("numpy.asarray()", self)

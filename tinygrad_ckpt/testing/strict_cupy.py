@@ -54,6 +54,8 @@ import weakref
 
 import numpy
 
+from .. import backend
+
 # CuPy uses NumPy's dtypes, so do we.
 dtype = numpy.dtype
 bool_, int8, int32, int64, uint8 = numpy.bool_, numpy.int8, numpy.int32, numpy.int64, numpy.uint8
@@ -145,7 +147,7 @@ def _inplace(op):
     return method
 
 
-class ndarray:
+class ndarray(backend.ReadsRefused):
     """A "device" array: a NumPy array that NumPy code cannot see into.
 
     Made by this module's functions, never directly. `base` is the array
@@ -176,23 +178,8 @@ class ndarray:
             f"xp.{func.__name__}(...)"
         )
 
-    def __bool__(self):
-        raise _transfer_error("bool()")
-
-    def __float__(self):
-        raise _transfer_error("float()")
-
-    def __int__(self):
-        raise _transfer_error("int()")
-
-    def __index__(self):
-        raise _transfer_error("using it as a Python integer")
-
-    def item(self):
-        raise _transfer_error(".item()")
-
-    def tolist(self):
-        raise _transfer_error(".tolist()")
+    def _refused(self, what):  # bool(), float(), int(), .item(), .tolist(): backend.ReadsRefused
+        return _transfer_error(what)
 
     def __repr__(self):  # no values: printing them would be a transfer
         return f"strict_cupy.ndarray(shape={self.shape}, dtype={self.dtype})"
