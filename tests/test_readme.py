@@ -83,6 +83,16 @@ def test_the_readme_is_a_front_door():
                          "testing in tests/README.md, the teaching in the tutorials"
 
 
+def test_the_map_names_every_module_of_the_package():
+    """A learner finds each file by the map: every module and folder of tinygrad_ckpt/ has its row."""
+    text = README.read_text()
+    package = ROOT / "tinygrad_ckpt"
+    names = [f"`{p.name}`" for p in package.glob("*.py") if not p.name.startswith("__")]
+    names += [f"`{p.name}/`" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    missing = [name for name in names if name not in text]
+    assert not missing, f"README.md's map of the package has no row for {', '.join(sorted(missing))}"
+
+
 # -- the figures the text shows are what the commands print --------------------------------
 GPT_WITH_BOTH = ROOT / "tutorials" / "06_gpt_with_both.md"
 
