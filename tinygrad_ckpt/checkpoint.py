@@ -616,6 +616,8 @@ class ChainCheckpointing:
     (a list of callables, each the next one's input), and its forward runs it
     with `self.run_chain(x)`: layer by layer, or through checkpoint_sequential
     when checkpointing is on. The state is three attributes, None when off.
+    A chain whose length is the input's (the LSTM's time steps) says what
+    length segments are checked against: `checkpoint_chain_length`.
     """
 
     checkpoint_segments = None  # None: off; else what checkpoint_sequential takes (see enable)

@@ -37,7 +37,9 @@ budget by dynamic programming, of which schedules.revolve(T, slots),
 Griewank's nested plan, is the case of equal steps. Here the chain is the
 time steps: one step runs every layer (layer k reads layer k-1's new h, the
 same numbers as running layer by layer), and hands every layer's (h, c) to
-the next step. `lstm.gradient_checkpointing_enable(segments, policy)` takes
+the next step; checkpoint_sequential runs it, the chain every model here
+uses, with the sequence read beside it (its xs: each step reads its own
+slice). `lstm.gradient_checkpointing_enable(segments, policy)` takes
 what the GPT's takes ('every', 'sqrt', an int, a list of boundaries, a
 schedules.Plan, nested segments), counted in time steps; a checkpointed
 segment keeps its steps' inputs and the state it starts from, and hands its
@@ -196,7 +198,7 @@ class LSTM(ChainCheckpointing, Module):
     def forward(self, input, hx=None):
         x = self._checked_input(input)
         x = x.transpose(0, 1) if self.batch_first else x  # (T, B, input_size)
-        T = x.shape[0]
+        T = x.shape[0]  # the chain: T time steps, each reading its slice of x and the state the last one left
         output, state = checkpoint_sequential([self.time_step] * T, self.time_segments(T), self._initial_state(x, hx),
                                               xs=x, policy=self.checkpoint_policy, **(self.checkpoint_options or {}))
         output = output.transpose(0, 1) if self.batch_first else output
