@@ -185,7 +185,8 @@ def checkpoint_sequential(functions, segments, input, *extra, xs=None, use_reent
     xs: a Tensor read beside the chain, one entry per function along its
     first axis (an LSTM's input at each time step, as jax.lax.scan's xs).
     Then `input` is the first carry (a tensor, or a tuple or list of them),
-    function i is called f(xs[i], carry) -> (y_i, carry), a checkpointed
+    function i is called f(xs[i], carry) -> (y_i, carry) (input first, as an
+    RNN cell; jax.lax.scan's f is (carry, x) -> (carry, y)), a checkpointed
     segment keeps its slice of xs beside its carry, and the result is
     (the y_i stacked along a new first axis, the last carry).
     """
