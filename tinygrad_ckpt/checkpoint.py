@@ -64,6 +64,7 @@ from contextlib import contextmanager
 import numpy
 
 from . import autocast, backend, determinism, function, memory, policies, random, tape
+from . import functional as F
 from .determinism import CHECKS, CheckpointError
 from .function import Function
 from .policies import Stash
@@ -162,7 +163,7 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
                                      for o, r, inside in zip(outputs, segment.recorded, segment.made_inside)))
 
 
-def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None, policy=None, **options):
+def checkpoint_sequential(functions, segments, input, *extra, xs=None, use_reentrant=None, policy=None, **options):
     """Run `functions` one after the other on `input`, checkpointing segments of them.
 
     functions: a list of callables, or an nn.Sequential (any ChainCheckpointing
@@ -180,17 +181,25 @@ def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None
     that pays). A policy applies to the outermost segments only. options:
     checkpoint()'s preserve_rng_state, determinism_check, debug, early_stop.
     Everything after `input` is passed by keyword.
+
+    xs: a Tensor read beside the chain, one entry per function along its
+    first axis (an LSTM's input at each time step, as jax.lax.scan's xs).
+    Then `input` is the first carry (a tensor, or a tuple or list of them),
+    function i is called f(xs[i], carry) -> (y_i, carry) (input first, as an
+    RNN cell; jax.lax.scan's f is (carry, x) -> (carry, y)), a checkpointed
+    segment keeps its slice of xs beside its carry, and the result is
+    (the y_i stacked along a new first axis, the last carry).
     """
     if extra:
         raise TypeError(
             f"checkpoint_sequential takes 3 positional arguments (functions, segments, input), got "
             f"{3 + len(extra)}; the rest are keywords: checkpoint_sequential(functions, segments, input, *, "
-            f"use_reentrant=None, policy=None, {', '.join(OPTIONS)}). To run several inputs through the chain, "
+            f"xs=None, use_reentrant=None, policy=None, {', '.join(OPTIONS)}). To run several inputs through the chain, "
             "pass them as one tuple and let the first function unpack it")
     unknown = set(options) - set(OPTIONS)
     if unknown:
         raise TypeError(f"checkpoint_sequential: unknown keyword(s) {', '.join(sorted(unknown))}; it takes "
-                        f"use_reentrant, policy, {', '.join(OPTIONS)}")
+                        f"xs, use_reentrant, policy, {', '.join(OPTIONS)}")
     options = check_options(use_reentrant, **options)
     if isinstance(functions, ChainCheckpointing):  # an nn.Sequential, as PyTorch's takes one: its layers in order
         functions = functions.checkpoint_chain()
@@ -201,34 +210,56 @@ def checkpoint_sequential(functions, segments, input, *extra, use_reentrant=None
     for i, f in enumerate(functions):
         if not callable(f):
             raise TypeError(f"checkpoint_sequential: functions[{i}] is a {type(f).__name__}, not a callable")
-    return _run_segments(functions, segment_bounds(len(functions), segments), input, {**options, "policy": policy})
+    if xs is not None and not (isinstance(xs, Tensor) and xs.ndim >= 1 and xs.shape[0] == len(functions)):
+        raise ValueError(f"checkpoint_sequential: xs must be a Tensor with one entry per function along its first "
+                         f"axis ({len(functions)}), got {getattr(xs, 'shape', type(xs).__name__)}")
+    return _run_segments(functions, segment_bounds(len(functions), segments), input, {**options, "policy": policy},
+                         xs)
 
 
-def _run_segments(functions, segments, x, options):
-    for start, stop, how in segments:
-        run = _Chain(functions, start, stop, how if isinstance(how, list) else None, options)
-        x = checkpoint(run, x, **options) if how else run(x)
-    return x
+def _run_segments(functions, segments, x, options, xs=None):
+    """x through each segment of functions in turn, checkpointed where it says; with xs, (ys, x)."""
+    if xs is None:
+        for start, stop, how in segments:
+            run = _Chain(functions, start, stop, how if isinstance(how, list) else None, options)
+            x = checkpoint(run, x, **options) if how else run(x)
+        return x
+    pieces = xs.split([stop - start for start, stop, _ in segments]) if len(segments) > 1 else [xs]  # views
+    ys = []
+    for (start, stop, how), piece in zip(segments, pieces):
+        run = _Chain(functions, start, stop, how if isinstance(how, list) else None, options, "steps")
+        y, x = checkpoint(run, piece, x, **options) if how else run(piece, x)
+        ys.append(y)
+    return (ys[0] if len(ys) == 1 else F.cat(ys, axis=0)), x
 
 
 class _Chain:
     """functions[start:stop] applied in turn, or by their inner plan; named for error messages.
 
-    An inner plan only matters when the segment is recomputed: in the
-    outer forward its checkpoints keep nothing anyway.
+    run(x) -> x; for a chain that reads a sequence beside it (checkpoint_sequential's
+    xs), run(xs, x) -> (ys, x), the slice of the sequence first. An inner plan only
+    matters when the segment is recomputed: in the outer forward its checkpoints
+    keep nothing anyway.
     """
 
-    def __init__(self, functions, start, stop, inner=None, options=None):
+    def __init__(self, functions, start, stop, inner=None, options=None, unit="layers"):
         self.functions, self.start, self.stop = functions, start, stop
         self.inner, self.options = inner, options
-        self.name = f"layers[{start}:{stop}]"
+        self.name = f"{unit}[{start}:{stop}]"
 
-    def __call__(self, x):
+    def __call__(self, *args):
+        *xs, x = args  # xs: [] or [the slice of the sequence read beside the chain]
         if self.inner is not None:
-            return _run_segments(self.functions, self.inner, x, {**self.options, "policy": None})
-        for f in self.functions[self.start:self.stop]:
-            x = f(x)
-        return x
+            return _run_segments(self.functions, self.inner, x, {**self.options, "policy": None}, *xs)
+        if not xs:
+            for f in self.functions[self.start:self.stop]:
+                x = f(x)
+            return x
+        ys = []
+        for f, x_t in zip(self.functions[self.start:self.stop], xs[0].split(1, dim=0)):  # one record for the views
+            y, x = f(x_t.squeeze(0), x)
+            ys.append(y)
+        return F.stack(ys), x
 
 
 # -- the record ----------------------------------------------------------------
@@ -586,6 +617,8 @@ class ChainCheckpointing:
     (a list of callables, each the next one's input), and its forward runs it
     with `self.run_chain(x)`: layer by layer, or through checkpoint_sequential
     when checkpointing is on. The state is three attributes, None when off.
+    A chain whose length is the input's (the LSTM's time steps) says what
+    length segments are checked against: `checkpoint_chain_length`.
     """
 
     checkpoint_segments = None  # None: off; else what checkpoint_sequential takes (see enable)
@@ -610,7 +643,11 @@ class ChainCheckpointing:
         """
         kwargs = self._checkpointing_kwargs(segments, gradient_checkpointing_kwargs, checkpoint_options)
         segments, policy = kwargs.pop("segments", segments), kwargs.pop("policy", policy)
-        self._set_checkpointing(len(self.checkpoint_chain()), segments, policy, kwargs)
+        self._set_checkpointing(self.checkpoint_chain_length(segments), segments, policy, kwargs)
+
+    def checkpoint_chain_length(self, segments):
+        """The length `segments` are checked against when switched on: the chain's (the LSTM's is the input's)."""
+        return len(self.checkpoint_chain())
 
     def gradient_checkpointing_disable(self):
         self.checkpoint_segments = self.checkpoint_policy = self.checkpoint_options = None

@@ -37,7 +37,9 @@ budget by dynamic programming, of which schedules.revolve(T, slots),
 Griewank's nested plan, is the case of equal steps. Here the chain is the
 time steps: one step runs every layer (layer k reads layer k-1's new h, the
 same numbers as running layer by layer), and hands every layer's (h, c) to
-the next step. `lstm.gradient_checkpointing_enable(segments, policy)` takes
+the next step; checkpoint_sequential runs it, the chain every model here
+uses, with the sequence read beside it (its xs: each step reads its own
+slice). `lstm.gradient_checkpointing_enable(segments, policy)` takes
 what the GPT's takes ('every', 'sqrt', an int, a list of boundaries, a
 schedules.Plan, nested segments), counted in time steps; a checkpointed
 segment keeps its steps' inputs and the state it starts from, and hands its
@@ -79,7 +81,7 @@ import numpy
 from .. import backend, random
 from .. import functional as F
 from ..autocast import is_float
-from ..checkpoint import ChainCheckpointing, checkpoint
+from ..checkpoint import ChainCheckpointing, checkpoint_sequential
 from ..schedules import Plan, measure_layers, segment_bounds
 from ..tensor import Tensor
 from .layers import Dropout, Embedding, Linear, _uniform, size
@@ -172,18 +174,11 @@ class LSTM(ChainCheckpointing, Module):
         return tuple(getattr(self, f"{name}_l{k}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
 
     # -- checkpointing through time --------------------------------------------------
-    def gradient_checkpointing_enable(self, segments="every", policy=None, gradient_checkpointing_kwargs=None,
-                                      **checkpoint_options):
-        """Checkpoint through time: segments of time steps, each keeping only its steps' inputs and the
-        state it starts from, recomputed in backward. segments: 'every' (one per step), 'sqrt'
-        (round(sqrt(T)) segments, Chen et al.), an int (that many, or T if the sequence is shorter),
-        boundaries such as [0, 16, 32] (the last segment runs to the sequence's end), or explicit
-        (start, stop, how) segments or a schedules.Plan, which are for one length (another is an
-        error in forward). policy, gradient_checkpointing_kwargs and keywords: as
-        ChainCheckpointing's. A bad value is an error here, not in forward, and changes nothing."""
-        kwargs = self._checkpointing_kwargs(segments, gradient_checkpointing_kwargs, checkpoint_options)
-        segments, policy = kwargs.pop("segments", segments), kwargs.pop("policy", policy)
-        self._set_checkpointing(_length_named_by(segments), segments, policy, kwargs)
+    def checkpoint_chain_length(self, segments):
+        """The chain is the input's time steps: segments are checked against a length they name, and
+        explicit (start, stop, how) segments or a schedules.Plan are for that length only (another is
+        an error in forward); 'every', 'sqrt' and an int (capped at the length) fit any length."""
+        return _length_named_by(segments)
 
     def time_segments(self, T):
         """[(start, stop, how)] for T steps: one plain segment when checkpointing is off (see schedules.py)."""
@@ -203,39 +198,11 @@ class LSTM(ChainCheckpointing, Module):
     def forward(self, input, hx=None):
         x = self._checked_input(input)
         x = x.transpose(0, 1) if self.batch_first else x  # (T, B, input_size)
-        output, state = self.through_time(x, self._initial_state(x, hx), self.time_segments(x.shape[0]),
-                                          self.checkpoint_policy)
+        T = x.shape[0]  # the chain: T time steps, each reading its slice of x and the state the last one left
+        output, state = checkpoint_sequential([self.time_step] * T, self.time_segments(T), self._initial_state(x, hx),
+                                              xs=x, policy=self.checkpoint_policy, **(self.checkpoint_options or {}))
         output = output.transpose(0, 1) if self.batch_first else output
         return output, (F.stack(state[0::2]), F.stack(state[1::2]))  # h_n, c_n: (num_layers, B, H)
-
-    def through_time(self, x, state, segments, policy=None):
-        """The steps of x (L, B, I), from `state`, one segment of steps after another.
-
-        state: [h_0, c_0, h_1, c_1, ...], every layer's (B, H) state.
-        segments: [(start, stop, how)] covering x's L steps; how False runs the
-        steps, True checkpoints them, a list is a checkpointed segment's own plan
-        for its recompute (nested). policy: the checkpoints' (an inner plan's
-        keep nothing, as in checkpoint_sequential).
-        Returns (the last layer's h at every step (L, B, H), the state after the last step).
-        """
-        pieces = x.split([stop - start for start, stop, _ in segments], dim=0) if len(segments) > 1 else [x]
-        outputs = []
-        for (start, stop, how), steps in zip(segments, pieces):
-            run = _Steps(self, start, stop, inner=how if isinstance(how, list) else None)
-            if how:  # checkpointed: keeps its steps and the state it starts from; runs again in backward
-                y, *state = checkpoint(run, steps, *state, policy=policy, **(self.checkpoint_options or {}))
-            else:
-                y, *state = run(steps, *state)
-            outputs.append(y)
-        return (outputs[0] if len(outputs) == 1 else F.cat(outputs, axis=0)), state
-
-    def run_steps(self, x, state):
-        """The plain loop: every step of x (L, B, I) from `state`; (outputs (L, B, H), state)."""
-        outputs = []
-        for x_t in x.split(1, dim=0):  # one record for all the steps' views, each (1, B, I)
-            y, state = self.time_step(x_t.squeeze(0), state)
-            outputs.append(y)
-        return F.stack(outputs), state
 
     def time_step(self, x_t, state):
         """One time step through every layer: x_t (B, I) and state [h_0, c_0, h_1, c_1, ...] -> (the last
@@ -333,24 +300,6 @@ class LSTM(ChainCheckpointing, Module):
     def extra_repr(self):
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, bias={self.bias}, "
                 f"batch_first={self.batch_first}")
-
-
-class _Steps:
-    """Steps start..stop, as a function (steps, *state) -> (outputs, *state) for checkpoint().
-
-    Named for error messages; a nested segment runs its inner plan (schedules.revolve's kind).
-    """
-
-    def __init__(self, lstm, start, stop, inner=None):
-        self.lstm, self.inner = lstm, inner
-        self.name = f"LSTM time steps [{start}:{stop}]"
-
-    def __call__(self, steps, *state):
-        if self.inner is not None:
-            outputs, state = self.lstm.through_time(steps, list(state), self.inner)
-        else:
-            outputs, state = self.lstm.run_steps(steps, list(state))
-        return (outputs, *state)
 
 
 class _TimeStep:
