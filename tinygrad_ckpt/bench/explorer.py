@@ -561,7 +561,7 @@ def _wrapped_table(renderer, tokens, i, options, env):
     return f"<div class='table'>{tag}" if tokens[i].type == "table_open" else f"{tag}</div>\n"
 
 
-_MARKDOWN = MarkdownIt("commonmark").enable("table")
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")  # html off: a "<" in a cell is text
 _MARKDOWN.add_render_rule("table_open", _wrapped_table)
 _MARKDOWN.add_render_rule("table_close", _wrapped_table)
 
