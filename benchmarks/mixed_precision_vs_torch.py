@@ -33,6 +33,8 @@ from tinygrad_ckpt import autocast as amp  # noqa: E402
 from tinygrad_ckpt.bench import compare, workloads  # noqa: E402
 from tinygrad_ckpt.bench.report import MIB  # noqa: E402
 
+import peers  # noqa: E402  (benchmarks/peers.py, beside this script: the peers' models)
+
 # -- configuration ------------------------------------------------------------------------
 SIZE = replace(workloads.W2, n_layer=2, dropout=0.0)
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -53,8 +55,8 @@ class OursAutocast(compare.Ours):
             return super().forward()
 
 
-class TorchAutocast(compare.Torch):
-    """compare.py's PyTorch runner, its forward under torch.autocast("cpu", dtype); cuda_lists: softmax in float32."""
+class TorchAutocast(peers.Torch):
+    """peers.py's PyTorch runner, its forward under torch.autocast("cpu", dtype); cuda_lists: softmax in float32."""
 
     def __init__(self, weights, precision, cuda_lists=False):
         super().__init__("W2", SIZE, weights, "float32", 0.0)

@@ -8,7 +8,9 @@ by the benchmark, never an error there. No timing is asserted.
 """
 
 import importlib.util
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,9 @@ from tinygrad_ckpt.bench import compare, workloads
 from tinygrad_ckpt.schedules import segment_bounds
 
 from .helpers import TORCH_INSTALL
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the peers' models live with the benchmarks
+import peers  # noqa: E402  (benchmarks/peers.py)
 
 TINY = {"W1": workloads.TINY.w1, "W2": workloads.TINY.w2}
 STRATEGIES = ("none", "every", "sqrt")
@@ -82,7 +87,7 @@ def test_a_peer_that_computes_something_else_is_caught(monkeypatch):
                 h, self.params[f"blocks.{i}.0.weight"], self.params[f"blocks.{i}.0.bias"]))
         return h
 
-    monkeypatch.setattr(compare.Torch, "_mlp_layers", exact_gelu_layers)
+    monkeypatch.setattr(peers.Torch, "_mlp_layers", exact_gelu_layers)
     checks = compare.agreement("W1", TINY["W1"], [compare.Ours.name, "torch"], ("none",))
     ok, worst, _ = checks["torch", "none"]
     assert not ok and worst > compare.RTOL
@@ -171,3 +176,18 @@ def test_a_busy_machine_is_flagged_and_a_quiet_one_is_not(monkeypatch):
         _, notes = compare.compare([TINY["W1"]], libraries=("tinygrad_ckpt",), strategies=("none",), repeats=1,
                                    check=False, progress=lambda what: None)
         assert any(note.startswith("WARNING: the load average rose") for note in notes) == flagged
+
+
+def test_bench_compare_finds_the_peers_in_the_clone_and_says_so_without_one(tmp_path, monkeypatch):
+    # From a clone, load_peers is benchmarks/peers.py (the module this file imported, not a second copy).
+    assert compare.load_peers() is peers.PEERS and set(peers.PEERS) == set(compare.LIBRARIES) - {compare.Ours.name}
+    # Installed from a wheel there is no benchmarks/ beside the package: this engine and the floor run alone,
+    # and each peer's note says where its model lives.
+    monkeypatch.setattr(compare, "BENCHMARKS", str(tmp_path))
+    monkeypatch.setattr(compare, "gemm_throughput", lambda device: 1.0)  # the 2048 x 2048 anchor is slow here
+    assert compare.load_peers() == {}
+    rows, notes = compare.compare([TINY["W1"]], strategies=("none",), repeats=1, check=False,
+                                  progress=lambda what: None)
+    assert {r["library"] for r in rows} == {compare.Ours.name, "floor"}
+    for name in ("torch", "autograd", "mygrad"):
+        assert f"{name}: {compare.NO_PEERS}" in notes

@@ -5,13 +5,15 @@
     strategies.py  the strategy bench: checkpointing and accumulation
                    strategies on the workloads, memory and time per row
     compare.py     the same workloads in PyTorch, HIPS autograd and mygrad, beside the floor
+                   (the peers' models: benchmarks/peers.py, in a clone)
     profile.py     where a step's time goes, op by op, against its floor
     kinds.py       every model kind (CNN, LSTM, encoder, GPT): what checkpointing
                    saves and costs, on real arrays and at full sizes on the meta device
     floor.py       the floor: a step's matrix products alone, and the machine's GEMM throughput
     plots.py       the bench's pictures (matplotlib, the optional `plot` extra)
     explorer.py    the memory explorer: report.html, one step event by event, the
-                   tape listing linked to it (Plotly, the optional `report` extra)
+                   tape listing linked to it (Plotly, the optional `report` extra;
+                   its CSS and JS in templates/)
     palette.py     one colour per memory category, strategy and phase
     machine.py     the machine, its load, and the one thread limiter
     report.py      the one Markdown table renderer, and results files written atomically

@@ -50,9 +50,14 @@ bar would offer a "Share chart..." button that uploads the chart to Plotly's
 server (plotly.js 4: `showSendToCloud` is on by default); the page turns it
 off, so nothing on it sends anything over the network.
 
-The only hand-written JavaScript is the glue (`_GLUE`): it hands each
-figure to Plotly.newPlot / Plotly.react, switches strategy and overlay, and
-links the listing and the timeline.
+The only hand-written JavaScript is the glue (templates/explorer.js, read
+into `_GLUE`): it hands each figure to Plotly.newPlot / Plotly.react,
+switches strategy and overlay, and links the listing and the timeline. It
+and the page's style (templates/explorer.css) are files of their own,
+shipped with the package (pyproject's package-data), read with
+importlib.resources. bench.md's tables become HTML by markdown-it-py (a
+CommonMark parser with GitHub's tables, in the `report` extra beside
+Plotly), not by a converter of our own.
 
 Large steps: a stacked area draws at most MAX_DRAWN points per category;
 beyond that the events are thinned for drawing only (the lowest and the
@@ -68,13 +73,15 @@ import html
 import json
 import math
 import os
+from importlib import resources
 
 try:
     import plotly
     import plotly.graph_objects as go
+    from markdown_it import MarkdownIt
     from plotly.offline import get_plotlyjs
 except ImportError as e:  # the optional `report` extra
-    raise ImportError(f"the memory explorer page needs Plotly ({e}): pip install -e \".[report]\"") from None
+    raise ImportError(f"the memory explorer page needs Plotly and markdown-it-py ({e}): pip install -e \".[report]\"") from None
 
 from .. import memory, serialization
 from ..memory import Timeline, format_bytes
@@ -85,6 +92,9 @@ from .report import write_text
 MIB = 2**20
 MAX_DRAWN = 1500  # points drawn per stacked category; the hover keeps every event
 CASTS = "Cast: autocast's copies"  # the legend's name of the cast marks (a mixed-precision step's)
+# The page's style and its glue (the only hand-written JavaScript), files shipped with the package (package data).
+_CSS = (resources.files(__package__) / "templates" / "explorer.css").read_text(encoding="utf-8")
+_GLUE = (resources.files(__package__) / "templates" / "explorer.js").read_text(encoding="utf-8")
 
 
 # -- the pages ----------------------------------------------------------------------------
@@ -525,44 +535,35 @@ def _page(title, intro, sections, charts, tables, results, bench=False):
 
 
 def markdown_html(text):
-    """The Markdown the bench writes (headings, paragraphs, tables) as HTML."""
-    out, table, paragraph = [], [], []
+    """The Markdown the bench writes (headings, paragraphs, tables) as HTML, by markdown-it-py (CommonMark, GFM tables).
 
-    def flush():
-        if paragraph:
-            out.append(f"<p>{html.escape(' '.join(paragraph))}</p>")
-            paragraph.clear()
-        if table:
-            cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table if not set(line) <= set("|-: ")]
-            head, body = cells[0], cells[1:]
-            out.append("<div class='table'><table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head)
-                       + "</tr></thead><tbody>" + "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in body)
-                       + "</tbody></table></div>")
-            table.clear()
-
-    for line in text.splitlines():
-        if line.startswith("#"):
-            flush()
-            level = min(len(line) - len(line.lstrip("#")) + 1, 4)
-            out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
-        elif line.startswith("|"):
-            if paragraph:
-                flush()
-            table.append(line)
-        elif not line.strip():
-            flush()
-        else:
-            if table:
-                flush()
-            paragraph.append(line.strip())
-    flush()
-    return "\n".join(out)
+    Three touches for this page: headings one level down (the page's title is its one h1),
+    each table in a scrolling <div class='table'>, and cells that hold a number right-aligned.
+    """
+    tokens = _MARKDOWN.parse(text)
+    for i, token in enumerate(tokens):
+        if token.type in ("heading_open", "heading_close"):
+            token.tag = f"h{min(int(token.tag[1]) + 1, 4)}"
+        elif token.type == "td_open" and _numeric(tokens[i + 1].content):
+            token.attrJoin("class", "num")
+    return _MARKDOWN.renderer.render(tokens, _MARKDOWN.options, {})
 
 
-def _cell(text):
-    """A table cell: numbers right-aligned, words left."""
-    numeric = text.replace(".", "", 1).replace("e-", "", 1).replace("e+", "", 1).lstrip("+-").rstrip("%").isdigit()
-    return f"<td class='num'>{html.escape(text)}</td>" if numeric or text == "—" else f"<td>{html.escape(text)}</td>"
+def _numeric(text):
+    """A table cell that holds a number (or a dash for none): right-aligned, as numbers line up."""
+    text = text.strip()
+    return text == "—" or text.replace(".", "", 1).replace("e-", "", 1).replace("e+", "", 1).lstrip("+-").rstrip("%").isdigit()
+
+
+def _wrapped_table(renderer, tokens, i, options, env):
+    """<table> in a <div class='table'>, so that a wide table scrolls on its own, not the page."""
+    tag = renderer.renderToken(tokens, i, options, env)
+    return f"<div class='table'>{tag}" if tokens[i].type == "table_open" else f"{tag}</div>\n"
+
+
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")  # html off: a "<" in a cell is text
+_MARKDOWN.add_render_rule("table_open", _wrapped_table)
+_MARKDOWN.add_render_rule("table_close", _wrapped_table)
 
 
 def _number(x):
@@ -570,134 +571,3 @@ def _number(x):
     if hasattr(x, "item"):
         return x.item()
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; max-width: 1500px;
-       padding: 0 24px 40px; color: #222; line-height: 1.45; }
-header h1 { font-size: 1.55rem; margin: 20px 0 4px; }
-.run { color: #555; margin: 0 0 8px; }
-nav a { margin-right: 14px; font-weight: 600; color: #2a5d9f; text-decoration: none; }
-h2 { font-size: 1.2rem; margin: 28px 0 6px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
-.howto { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 6px; padding: 6px 14px; margin: 14px 0; }
-.howto summary { font-weight: 600; cursor: pointer; }
-.swatch { display: inline-block; width: 11px; height: 11px; margin: 0 3px 0 6px; border-radius: 2px; vertical-align: -1px; }
-.note { color: #444; margin: 4px 0 8px; }
-.controls { display: flex; gap: 22px; align-items: center; margin: 6px 0; flex-wrap: wrap; }
-.controls select { font-size: 0.95rem; margin-left: 6px; padding: 2px 4px; }
-.hint { color: #777; font-size: 0.85rem; }
-.pair { display: grid; grid-template-columns: minmax(0, 1.85fr) minmax(0, 1.15fr); gap: 16px; align-items: start; }
-@media (max-width: 1000px) { .pair { grid-template-columns: 1fr; } }
-.records { border: 1px solid #e1e4e8; border-radius: 6px; }
-.selection { font-size: 0.85rem; padding: 6px 10px; background: #fffbe6; border-bottom: 1px solid #e1e4e8; min-height: 2.4em; }
-.listing { max-height: 430px; overflow: auto; }
-.listing table { border-collapse: collapse; width: 100%; font-size: 0.8rem; }
-.listing th { position: sticky; top: 0; background: #f6f8fa; text-align: left; padding: 3px 6px; }
-/* The listing's cells wrap, so that all five columns fit its half of the page (nothing hidden to the right);
-   only the record number and the event span stay on one line. */
-.listing td { padding: 2px 6px; border-top: 1px solid #f0f0f0; overflow-wrap: anywhere; }
-.listing td:first-child, .listing td:last-child { white-space: nowrap; }
-.listing tr.record { cursor: pointer; }
-.listing tr.record:hover { background: #eef4fb; }
-.listing tr.selected { background: #ffe58f !important; }
-.listing tr.group td { background: #fafafa; color: #555; font-style: italic; padding-top: 6px; }
-.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(480px, 1fr)); gap: 16px; }
-.table { overflow-x: auto; }
-#tables table { border-collapse: collapse; font-size: 0.82rem; margin: 6px 0 16px; }
-#tables th, #tables td { border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }
-#tables th { background: #f6f8fa; }
-#tables td.num { text-align: right; font-variant-numeric: tabular-nums; }
-footer { color: #888; font-size: 0.8rem; margin-top: 30px; }
-"""
-
-# The glue: hand the figures to Plotly, switch strategy and overlay, link listing and timeline.
-_GLUE = """
-(function () {
-  "use strict";
-  var data = JSON.parse(document.getElementById("explorer-data").textContent);
-  // Nothing on the mode bar sends anything off this machine: plotly.js 4 shows a 'Share chart...' button
-  // (sendChartToCloud, on by default: showSendToCloud) that uploads the chart to plotlyServerURL.
-  var config = {responsive: true, displaylogo: false, showSendToCloud: false, plotlyServerURL: "",
-                modeBarButtonsToRemove: ["lasso2d", "select2d", "sendChartToCloud"]};
-  data.charts.forEach(function (c) { Plotly.newPlot(c.id, c.figure.data, c.figure.layout, config); });
-  data.timelines.forEach(setUp);
-
-  function setUp(section) {
-    var root = document.getElementById(section.id);
-    var chart = root.querySelector(".timeline-chart");
-    var pick = root.querySelector("select.strategy"), overlay = root.querySelector("select.overlay");
-    var caption = root.querySelector(".selection");
-    var state = {strategy: section.strategies[0], overlay: "", row: -1};
-
-    function listing() { return root.querySelector(".listing[data-strategy='" + CSS.escape(state.strategy) + "']"); }
-
-    function draw() {
-      var step = section.steps[state.strategy];
-      var traces = step.figure.data.slice();
-      if (state.overlay && state.overlay !== state.strategy) {
-        var other = section.steps[state.overlay], total = other.figure.data[other.figure.data.length - 1];
-        traces.push({x: total.x, y: total.y, type: "scatter", mode: "lines", hoverinfo: "skip",
-                     name: "total, " + state.overlay, line: {dash: "dash", width: 2, color: "#c0392b", shape: "hv"}});
-      }
-      var layout = Object.assign({}, step.figure.layout, {shapes: shapes()});
-      return Plotly.react(chart, traces, layout, config);
-    }
-
-    function shapes() {  // the phase bands, and the selected record's span
-      var step = section.steps[state.strategy], all = (step.figure.layout.shapes || []).slice();
-      if (state.row >= 0) {
-        var span = step.rows[state.row];
-        all.push({type: "rect", name: "selected record", xref: "x", yref: "paper", x0: span[0], x1: span[1] + 1,
-                  y0: 0, y1: 1, layer: "above", fillcolor: "rgba(255, 221, 87, 0.10)", line: {color: "#b8860b", width: 2.5}});
-      }
-      return all;
-    }
-
-    function select(row, scroll) {
-      var table = listing();
-      table.querySelectorAll("tr.selected").forEach(function (tr) { tr.classList.remove("selected"); });
-      state.row = row;
-      if (row >= 0) {
-        var tr = table.querySelector("tr[data-row='" + row + "']");
-        tr.classList.add("selected");
-        if (scroll) { tr.scrollIntoView({block: "nearest"}); }
-        var span = section.steps[state.strategy].rows[row], cells = tr.querySelectorAll("td");
-        caption.textContent = "#" + cells[0].textContent + " " + cells[1].textContent + ": kept its saved arrays from event "
-          + span[0] + " to event " + span[1] + " (" + cells[3].textContent + ")";
-      } else {
-        caption.textContent = "Select a record to mark when it kept its saved arrays.";
-      }
-      return Plotly.relayout(chart, {shapes: shapes()});
-    }
-
-    root.querySelectorAll(".listing").forEach(function (table) {
-      table.addEventListener("click", function (ev) {
-        var tr = ev.target.closest("tr.record");
-        if (tr) { select(Number(tr.dataset.row), false); }
-      });
-      table.addEventListener("keydown", function (ev) {
-        var tr = ev.target.closest("tr.record");
-        if (tr && (ev.key === "Enter" || ev.key === " ")) { ev.preventDefault(); select(Number(tr.dataset.row), false); }
-      });
-    });
-    if (pick) {
-      pick.addEventListener("change", function () {
-        state.strategy = pick.value;
-        root.querySelectorAll(".listing").forEach(function (t) { t.hidden = t.dataset.strategy !== state.strategy; });
-        state.row = -1;
-        caption.textContent = "Select a record to mark when it kept its saved arrays.";
-        draw();
-      });
-    }
-    if (overlay) { overlay.addEventListener("change", function () { state.overlay = overlay.value; draw(); }); }
-    draw().then(function () {
-      chart.on("plotly_click", function (ev) {
-        var point = ev.points[0];
-        if (!point) { return; }
-        var row = section.steps[state.strategy].event_rows[Math.round(point.x)];
-        if (row >= 0) { select(row, true); }
-      });
-    });
-  }
-})();
-"""
