@@ -126,7 +126,7 @@ def test_the_bench_extra_brings_what_bench_imports():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11
 
     extras = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert {re.split(r"[<>=;\s]", r)[0] for r in extras["bench"]} == {"matplotlib", "plotly", "ml_dtypes"}
+    assert {re.split(r"[<>=;\s]", r)[0] for r in extras["bench"]} == {"matplotlib", "plotly", "markdown-it-py", "ml_dtypes"}
 
 
 # -- bench --kinds: a line before each size, on the terminal, not in kinds.md -------------------------
