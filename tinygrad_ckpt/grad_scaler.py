@@ -77,7 +77,7 @@ from .autocast import is_16bit
 # Where one optimizer is within an iteration (PyTorch's OptState).
 READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
 
-# What state_dict() holds, PyTorch's keys, and what each must be.
+# What state_dict() holds: PyTorch's keys (state_problem says what each must be).
 STATE_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 

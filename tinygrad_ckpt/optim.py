@@ -201,7 +201,8 @@ def get_total_norm(tensors, *, error_if_nonfinite=False):
     tensors = list(tensors)
     if not tensors:
         return 0.0
-    total = _total_norm(tensors)
+    xp = backend.array_module(*(t.data for t in tensors))
+    total = backend.as_array(xp.sqrt(sum(xp.vdot(t.data, t.data) for t in tensors)))  # vdot flattens: sum(t * t)
     if not backend.holds_values(backend.device_of(total)):
         return None  # the meta device: the norm's arrays were made, and there is no number to give
     norm = float(backend.to_host(total))
@@ -212,12 +213,6 @@ def get_total_norm(tensors, *, error_if_nonfinite=False):
             "`error_if_nonfinite=False`"
         )
     return norm
-
-
-def _total_norm(tensors):
-    """The norm as a 0-d array on the tensors' device (not read)."""
-    xp = backend.array_module(*(t.data for t in tensors))
-    return backend.as_array(xp.sqrt(sum(xp.vdot(t.data, t.data) for t in tensors)))  # vdot flattens: sum(t * t)
 
 
 @no_grad()

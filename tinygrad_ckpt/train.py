@@ -83,9 +83,9 @@ steps overflow and the scale backs off (the default run: steps 1 to 9, to
 ("the first few iterations as its value calibrates"). A skipped step does
 not advance the learning-rate schedule, so those steps cost their compute
 and nothing else: benchmarks/mixed_precision_training.py's default run,
-500 steps, ended at validation loss 2.1249 in float16 from 2**16 against
-float32's 2.1535 (0.34 above it while skipped steps still used up the
-warm-up).
+500 steps, ended at validation loss 2.1185 in float16 from 2**16 against
+float32's 2.1535 (benchmarks/README.md, 2026-12-06; 0.34 above it while
+skipped steps still used up the warm-up).
 
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its

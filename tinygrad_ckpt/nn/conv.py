@@ -47,13 +47,13 @@ class Conv2d(Module):
             raise ValueError(f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must both be "
                              f"divisible by groups ({groups})")
         self.kernel_size = pair("Conv2d", "kernel_size", kernel_size, 1)
-        pair("Conv2d", "stride", stride, 1)  # checked; kept as given, for repr
+        strides = pair("Conv2d", "stride", stride, 1)  # checked; stride is kept as given, for repr
         pair("Conv2d", "dilation", dilation, 1)
         if isinstance(padding, str):
             if padding not in ("same", "valid"):
                 raise ValueError(f"Conv2d: invalid padding string {padding!r}, should be one of 'same', 'valid' "
                                  "(or an int, or a pair of ints)")
-            if padding == "same" and pair("Conv2d", "stride", stride, 1) != (1, 1):
+            if padding == "same" and strides != (1, 1):
                 raise ValueError(f"Conv2d: padding='same' is not supported for strided convolutions (stride={stride}); "
                                  "pad with an int instead, e.g. padding=kernel_size // 2")
         else:
