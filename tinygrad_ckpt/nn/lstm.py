@@ -25,8 +25,12 @@ copies). On the meta device the parameters have a shape and no values: nothing
 is drawn or made on the host.
 Input (T, B, input_size), or (B, T, input_size) with batch_first=True; the
 initial state (h_0, c_0), each (num_layers, B, H), zeros when not given.
-Not supported: PyTorch's dropout between layers, bidirectional, proj_size,
-unbatched (2-D) input.
+bidirectional=True adds, as PyTorch's, a reverse direction to every layer
+(weight_ih_l{k}_reverse, ...) that reads the sequence from its end; the two
+directions' h are concatenated, so the output is (T, B, 2H), layer k > 0
+reads 2H features, and h_n, c_n are (2 num_layers, B, H), layer k's forward
+then reverse state at 2k and 2k+1. Not supported: PyTorch's dropout between
+layers, proj_size, unbatched (2-D) input.
 
 Checkpointing through time. Backpropagation through T steps keeps every
 step's gates until backward reaches it: memory grows with T. Chen et al.
@@ -39,7 +43,9 @@ time steps: one step runs every layer (layer k reads layer k-1's new h, the
 same numbers as running layer by layer), and hands every layer's (h, c) to
 the next step; checkpoint_sequential runs it, the chain every model here
 uses, with the sequence read beside it (its xs: each step reads its own
-slice). `lstm.gradient_checkpointing_enable(segments, policy)` takes
+slice). A bidirectional LSTM cannot run a step through every layer (layer
+k+1's reverse direction at step t needs layer k's whole sequence), so it
+runs a chain per layer and direction, each checkpointed the same way. `lstm.gradient_checkpointing_enable(segments, policy)` takes
 what the GPT's takes ('every', 'sqrt', an int, a list of boundaries, a
 schedules.Plan, nested segments), counted in time steps; a checkpointed
 segment keeps its steps' inputs and the state it starts from, and hands its
@@ -153,25 +159,28 @@ class LSTM(ChainCheckpointing, Module):
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dtype=numpy.float32, device=None, rng=None):
+                 bidirectional=False, dtype=numpy.float32, device=None, rng=None):
         super().__init__()
         input_size, hidden_size = size("LSTM", "input_size", input_size), size("LSTM", "hidden_size", hidden_size)
         num_layers = size("LSTM", "num_layers", num_layers)
         rng = random.generator(rng)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
-        self.bias, self.batch_first = bias, batch_first
+        self.bias, self.batch_first, self.bidirectional = bias, batch_first, bool(bidirectional)
+        self.directions = ("", "_reverse") if bidirectional else ("",)  # the names' suffixes, PyTorch's
         H, bound = hidden_size, 1 / math.sqrt(hidden_size)  # PyTorch's initialisation
         for k in range(num_layers):  # PyTorch's names and order: weight_ih_l0, weight_hh_l0, bias_ih_l0, ...
-            width_in = input_size if k == 0 else H
-            setattr(self, f"weight_ih_l{k}", _uniform(rng, (4 * H, width_in), bound, dtype, device))
-            setattr(self, f"weight_hh_l{k}", _uniform(rng, (4 * H, H), bound, dtype, device))
-            if bias:
-                setattr(self, f"bias_ih_l{k}", _uniform(rng, (4 * H,), bound, dtype, device))
-                setattr(self, f"bias_hh_l{k}", _uniform(rng, (4 * H,), bound, dtype, device))
+            width_in = input_size if k == 0 else H * len(self.directions)
+            for d in self.directions:
+                setattr(self, f"weight_ih_l{k}{d}", _uniform(rng, (4 * H, width_in), bound, dtype, device))
+                setattr(self, f"weight_hh_l{k}{d}", _uniform(rng, (4 * H, H), bound, dtype, device))
+                if bias:
+                    setattr(self, f"bias_ih_l{k}{d}", _uniform(rng, (4 * H,), bound, dtype, device))
+                    setattr(self, f"bias_hh_l{k}{d}", _uniform(rng, (4 * H,), bound, dtype, device))
 
-    def layer_weights(self, k):
-        """(weight_ih, weight_hh, bias_ih, bias_hh) of layer k (the biases None without bias)."""
-        return tuple(getattr(self, f"{name}_l{k}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+    def layer_weights(self, k, direction=""):
+        """(weight_ih, weight_hh, bias_ih, bias_hh) of layer k, direction "" or "_reverse" (biases None without bias)."""
+        return tuple(getattr(self, f"{name}_l{k}{direction}", None)
+                     for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
 
     # -- checkpointing through time --------------------------------------------------
     def checkpoint_chain_length(self, segments):
@@ -199,10 +208,32 @@ class LSTM(ChainCheckpointing, Module):
         x = self._checked_input(input)
         x = x.transpose(0, 1) if self.batch_first else x  # (T, B, input_size)
         T = x.shape[0]  # the chain: T time steps, each reading its slice of x and the state the last one left
-        output, state = checkpoint_sequential([self.time_step] * T, self.time_segments(T), self._initial_state(x, hx),
-                                              xs=x, policy=self.checkpoint_policy, **(self.checkpoint_options or {}))
+        if self.bidirectional:
+            output, state = self._layer_by_layer(x, self._initial_state(x, hx))
+        else:
+            output, state = self._through_time([self.time_step] * T, x, self._initial_state(x, hx))
         output = output.transpose(0, 1) if self.batch_first else output
-        return output, (F.stack(state[0::2]), F.stack(state[1::2]))  # h_n, c_n: (num_layers, B, H)
+        return output, (F.stack(state[0::2]), F.stack(state[1::2]))  # h_n, c_n: (num_layers * directions, B, H)
+
+    def _through_time(self, steps, xs, state):
+        """The chain of time steps over xs (T, B, ...) from state, checkpointed as asked: (outputs, last state)."""
+        return checkpoint_sequential(steps, self.time_segments(len(steps)), state, xs=xs,
+                                     policy=self.checkpoint_policy, **(self.checkpoint_options or {}))
+
+    def _layer_by_layer(self, x, state):
+        """The bidirectional LSTM: each layer runs a chain forward in time and one from the end, and the
+        next layer reads both directions' h, concatenated (T, B, 2H). Returns (output, the last states)."""
+        last = []
+        for k in range(self.num_layers):
+            outputs = []
+            for j, d in enumerate(self.directions):
+                step = _LayerStep(self.layer_weights(k, d))
+                seq = x if j == 0 else x[::-1]  # the reverse direction reads the sequence from its end
+                y, hc = self._through_time([step] * x.shape[0], seq, state[4 * k + 2 * j: 4 * k + 2 * j + 2])
+                outputs.append(y if j == 0 else y[::-1])  # back in time order
+                last += hc
+            x = F.cat(outputs, axis=-1)
+        return x, last
 
     def time_step(self, x_t, state):
         """One time step through every layer: x_t (B, I) and state [h_0, c_0, h_1, c_1, ...] -> (the last
@@ -238,6 +269,10 @@ class LSTM(ChainCheckpointing, Module):
         first step's records or the first checkpoint, whichever runs: it is
         counted once, with step 0's input. cost, repeats: as measure_layers'.
         """
+        if self.bidirectional:
+            raise ValueError("LSTM.measure_time_steps measures the one chain of a unidirectional LSTM; a "
+                             "bidirectional one runs a chain per layer and direction: checkpoint it with segments "
+                             "('sqrt', 'every', an int) instead of a plan")
         x = self._checked_input(input)
         x = x.transpose(0, 1) if self.batch_first else x  # (T, B, input_size)
         x = Tensor(x.data, requires_grad=x.requires_grad, device=x.device)  # the sequence, detached
@@ -248,12 +283,12 @@ class LSTM(ChainCheckpointing, Module):
         return costs
 
     def _initial_state(self, x, hx):
-        """[h_0, c_0, h_1, c_1, ...] for x (T, B, I): hx's layers, or zeros."""
-        shape = (self.num_layers, x.shape[1], self.hidden_size)
+        """[h_0, c_0, h_1, c_1, ...] for x (T, B, I): hx's layers (and directions), or zeros."""
+        shape = (self.num_layers * len(self.directions), x.shape[1], self.hidden_size)
         if hx is None:
-            return [_zeros(self.weight_hh_l0, shape[1:]) for _ in range(2 * self.num_layers)]  # each (B, H)
+            return [_zeros(self.weight_hh_l0, shape[1:]) for _ in range(2 * shape[0])]  # each (B, H)
         h_0, c_0 = self._checked_state(hx, shape)
-        return [t for k in range(self.num_layers) for t in (h_0[k], c_0[k])]
+        return [t for k in range(shape[0]) for t in (h_0[k], c_0[k])]
 
     # -- checks -----------------------------------------------------------------------
     def _checked_input(self, input):
@@ -276,11 +311,12 @@ class LSTM(ChainCheckpointing, Module):
     def _checked_state(self, hx, shape):
         if not (isinstance(hx, (tuple, list)) and len(hx) == 2 and all(isinstance(t, Tensor) for t in hx)):
             raise TypeError("LSTM: hx must be a tuple of two Tensors (h_0, c_0), each (num_layers, batch, "
-                            "hidden_size)")
+                            "hidden_size), (2 * num_layers, ...) when bidirectional")
         dtype = self.weight_hh_l0.dtype
         for name, t in zip(("h_0", "c_0"), hx):
             if t.shape != shape:
-                raise ValueError(f"LSTM: expected {name} of shape {shape} (num_layers, batch, hidden_size), "
+                layers = "2 * num_layers" if self.bidirectional else "num_layers"
+                raise ValueError(f"LSTM: expected {name} of shape {shape} ({layers}, batch, hidden_size), "
                                  f"got {t.shape}")
             if t.dtype != dtype:
                 raise TypeError(f"LSTM: {name} is {t.dtype}, the parameters (and the input) are {dtype}; convert "
@@ -299,7 +335,18 @@ class LSTM(ChainCheckpointing, Module):
 
     def extra_repr(self):
         return (f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, bias={self.bias}, "
-                f"batch_first={self.batch_first}")
+                f"batch_first={self.batch_first}" + (", bidirectional=True" if self.bidirectional else ""))
+
+
+class _LayerStep:
+    """One layer's one direction at one time step, as a link of a chain: (x_t, [h, c]) -> (h', [h', c'])."""
+
+    def __init__(self, weights):
+        self.weights = weights
+
+    def __call__(self, x_t, state):
+        h, c = lstm_cell(x_t, state[0], state[1], *self.weights)
+        return h, [h, c]
 
 
 class _TimeStep:
