@@ -24,6 +24,14 @@ Part 1, on real arrays, at sizes that run in seconds: one Trainer step
               median of the ratios within a round;
   FLOPs x     1 + the FLOPs the recompute ran / (3 x the forward's FLOPs), the
               measure fit uses (ops/flops.py; a step is about three forwards).
+  bf16 peak   the same step under bf16 autocast (TrainingArguments(bf16=True);
+              fp16=True where ml_dtypes, which brings bfloat16, is missing),
+              and "= meta" again: fit.estimate_step's peak of that step;
+  less        1 - bf16 peak / peak. Rarely a half: the weights stay float32
+              (their 16-bit copies are made per op and saved beside them,
+              not cached, as PyTorch's CPU autocast does), AdamW's moments and
+              the accumulation buffers stay float32, and float32 ops (softmax,
+              the losses, normalisation; autocast.py's lists) save float32.
 
 Part 2, full sizes on the meta device (a CNN at 224 x 224, an LSTM over 1024
 steps, a BERT-base-sized encoder over 512 tokens, GPT-2 medium over 1024): the
@@ -49,7 +57,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from .. import backend, fit, memory
+from .. import autocast, backend, fit, memory
 from .. import functional as F
 from ..data import stack_collate
 from ..nn import CNN, GPT, CNNConfig, GPTConfig
@@ -154,9 +162,10 @@ SETS = {"full": (sorted(SMALL + LARGER, key=lambda s: KINDS.index(s.kind)), FULL
 
 
 # -- one step ------------------------------------------------------------------------------
-def arguments(strategy, batch):
+def arguments(strategy, batch, precision=None):
+    """TrainingArguments' fields for one step; precision: None (float32), "bf16" or "fp16" (autocast)."""
     segments = STRATEGIES[strategy]
-    return dict(per_device_train_batch_size=batch, max_steps=1, logging_steps=0, disable_tqdm=True, output_dir=None,
+    return dict(**({precision: True} if precision else {}), per_device_train_batch_size=batch, max_steps=1, logging_steps=0, disable_tqdm=True, output_dir=None,
                 save_steps=0, eval_steps=0, gradient_checkpointing=segments is not None,
                 gradient_checkpointing_kwargs={"segments": segments} if segments else None)
 
@@ -176,11 +185,20 @@ def flops(events):
     return count["forward"], count["recompute"]
 
 
-def real_step(size, strategy, batch):
+def sixteen_bits():
+    """The 16-bit autocast the column runs: "bf16", or "fp16" where NumPy has no bfloat16 (no ml_dtypes)."""
+    try:
+        autocast.bfloat16()
+    except ImportError:
+        return "fp16"
+    return "bf16"
+
+
+def real_step(size, strategy, batch, precision=None):
     """One Trainer step of a fresh model on real arrays: (peak, highest saved activations, FLOPs ratio)."""
     gc.collect()
     before = sum(memory.current().values())
-    trainer = Trainer(size.make(None), TrainingArguments(**arguments(strategy, batch)), dataset(size, batch),
+    trainer = Trainer(size.make(None), TrainingArguments(**arguments(strategy, batch, precision)), dataset(size, batch),
                       data_collator=stack_collate, compute_loss_func=size.loss)
     with memory.timeline() as events:
         trainer.train()
@@ -189,10 +207,10 @@ def real_step(size, strategy, batch):
     return peak, max(e["activations"] for e in events), 1 + recomputed / (3 * forward)
 
 
-def meta_step(size, strategy, batch, device="cuda"):
+def meta_step(size, strategy, batch, device="cuda", precision=None):
     """fit.estimate_step of the model built on the meta device."""
     shapes = {name: ((batch, *shape), dtype) for name, (shape, dtype, _) in size.example.items()}
-    return fit.estimate_step(size.make("meta"), shapes, size.loss, arguments(strategy, batch), device=device)
+    return fit.estimate_step(size.make("meta"), shapes, size.loss, arguments(strategy, batch, precision), device=device)
 
 
 def meta_forward_flops(size, batch):
@@ -226,10 +244,12 @@ def part1(sizes, repeats=5, say=print, progress=None):
     progress(what), if given, is told before each size is measured (its three
     rows come after all of its timed steps, tens of seconds at the larger sizes).
     """
+    half = sixteen_bits()
     say(f"Part 1: one Trainer step (AdamW) on real arrays; time: median of {repeats} steps after a warm-up; "
-        "MiB = 2^20 bytes")
+        f"MiB = 2^20 bytes; {half} peak: the step under {half} autocast")
     say(f"{'kind':<8} {'size':<22} {'batch':>5} {'strategy':<6} {'saved act.':>10} {'peak':>9} {'= meta':>6} "
-        f"{'wall s':>7} {'cpu s':>7} {'cpu x':>5} {'paired':>6} {'FLOPs x':>7}")
+        f"{'wall s':>7} {'cpu s':>7} {'cpu x':>5} {'paired':>6} {'FLOPs x':>7} {half + ' peak':>9} {'= meta':>6} "
+        f"{'less':>4}")
     rows = []
     for size in sizes:
         if progress is not None:
@@ -239,15 +259,22 @@ def part1(sizes, repeats=5, say=print, progress=None):
         cpu_none = statistics.median(c for _, c in seconds["none"])
         for s, (peak, activations, ratio) in steps.items():
             m = meta_step(size, s, size.batch, device="cpu")
+            half_peak = real_step(size, s, size.batch, half)[0]
+            half_meta = meta_step(size, s, size.batch, device="cpu", precision=half).peak_bytes
             wall, cpu = (statistics.median(t[i] for t in seconds[s]) for i in (0, 1))
             row = dict(kind=size.kind, size=size.label, batch=size.batch, strategy=s, saved_bytes=activations,
                        peak_bytes=peak, meta_equal=(m.peak_bytes, m.highest["activations"]) == (peak, activations),
                        wall_s=wall, cpu_s=cpu, cpu_ratio=cpu / cpu_none, flops_ratio=ratio,
-                       paired_ratio=statistics.median(c / c0 for (_, c), (_, c0) in zip(seconds[s], seconds["none"])))
+                       paired_ratio=statistics.median(c / c0 for (_, c), (_, c0) in zip(seconds[s], seconds["none"])),
+                       precision=half, half_peak_bytes=half_peak, half_meta_equal=half_meta == half_peak)
             rows.append(row)
             say(f"{size.kind:<8} {size.label:<22} {size.batch:>5} {s:<6} {activations / MIB:10.2f} "
                 f"{peak / MIB:9.2f} {'yes' if row['meta_equal'] else 'NO':>6} {wall:7.3f} {cpu:7.3f} "
-                f"{row['cpu_ratio']:5.2f} {row['paired_ratio']:6.2f} {ratio:7.2f}")
+                f"{row['cpu_ratio']:5.2f} {row['paired_ratio']:6.2f} {ratio:7.2f} {half_peak / MIB:9.2f} "
+                f"{'yes' if row['half_meta_equal'] else 'NO':>6} {1 - half_peak / peak:4.0%}")
+    say(f"less, under {half}: rarely a half, and below 0 where a model reuses its weights many times in a step "
+        "(an LSTM at every time step): weights, AdamW's moments and the accumulation buffers stay float32, and "
+        "each op casts the weights it reads again and saves that copy (casts are not cached; autocast.py)")
     return rows
 
 
