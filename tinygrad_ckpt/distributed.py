@@ -162,8 +162,9 @@ class Communicator:
         self.MPI = import_mpi()
         self.comm = self.MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0}
+        self.calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0, "reduce_scatter": 0, "all_gather_arrays": 0}
         self.bytes_all_reduced = 0
+        self.bytes_sent = {"reduce_scatter": 0, "all_gather_arrays": 0}  # ZeRO's collectives (zero.py): the input's bytes
 
     def all_reduce_(self, array):
         """Sum `array` over all processes, in place: afterwards every process holds the sum."""
@@ -183,6 +184,31 @@ class Communicator:
             array[...] = backend.to_device(host, backend.device_of(array))
         self.calls["broadcast"] += 1
         return array
+
+    def reduce_scatter(self, array):
+        """The sum over all processes of `array`, cut into `size` equal shards: this process's shard (a new array)."""
+        host = numpy.ascontiguousarray(backend.to_host(array))
+        if host.size % self.size:
+            raise ValueError(f"reduce_scatter: {host.size} elements do not cut into {self.size} equal shards; pad them")
+        shard = numpy.empty(host.size // self.size, dtype=host.dtype)
+        self.comm.Reduce_scatter_block(host, shard, op=self.MPI.SUM)
+        self.calls["reduce_scatter"] += 1
+        self.bytes_sent["reduce_scatter"] += host.nbytes
+        return backend.to_device(shard, backend.device_of(array)) if host is not array else shard
+
+    def all_gather_(self, array):
+        """Fill `array`, in place, with every process's shard: process r's from its own elements [r S, (r+1) S)."""
+        host = numpy.ascontiguousarray(backend.to_host(array))
+        self.comm.Allgather(self.MPI.IN_PLACE, host)
+        if host is not array:
+            array[...] = backend.to_device(host, backend.device_of(array))
+        self.calls["all_gather_arrays"] += 1
+        self.bytes_sent["all_gather_arrays"] += host.nbytes
+        return array
+
+    def any_(self, flag):
+        """True on every process if `flag` is true on any."""
+        return bool(self.all_reduce_(numpy.array([float(bool(flag))]))[0])
 
     def all_gather(self, value):
         """[value of rank 0, value of rank 1, ...] on every process (small Python values only)."""
@@ -264,7 +290,8 @@ class DataParallel:
             self.comm.broadcast_(p.data)
         for _, buf in model.named_buffers():
             self.comm.broadcast_(buf.data)
-        self.flat_buffers = bucket_buffers(accumulator)
+        # ZeRO's accumulator (zero.py) has its flat arrays already, padded to equal shards
+        self.flat_buffers = accumulator.flats if hasattr(accumulator, "reduce_scatter_") else bucket_buffers(accumulator)
         return self
 
     def raise_if_any(self, error):
@@ -304,8 +331,11 @@ class DataParallel:
         """
         if self.check_every and self.steps % self.check_every == 0:
             self.check_in_sync()
-        for flat in self.flat_buffers:
-            self.comm.all_reduce_(flat)
+        if hasattr(accumulator, "reduce_scatter_"):  # ZeRO (zero.py): each process receives its shard of the sum
+            accumulator.reduce_scatter_()
+        else:
+            for flat in self.flat_buffers:
+                self.comm.all_reduce_(flat)
         keys = list(stats) if stats is not None else []
         counts = numpy.array([accumulator.items] + [stats[k] for k in keys], dtype=numpy.float64)
         self.comm.all_reduce_(counts)  # float64: item counts stay exact up to 2**53

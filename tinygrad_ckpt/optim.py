@@ -233,13 +233,25 @@ def clip_grad_norm_(parameters, max_norm, *, error_if_nonfinite=False):
     On the meta device there is no norm to compare: None (get_total_norm),
     and nothing is scaled (scaling in place allocates nothing either way).
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    norm = get_total_norm(grads, error_if_nonfinite=error_if_nonfinite)
-    if norm is None:  # the meta device
-        return None
-    coef = max_norm / (norm + 1e-6)
+    parameters = list(parameters)
+    norm = get_total_norm((p.grad for p in parameters if p.grad is not None), error_if_nonfinite=error_if_nonfinite)
+    clip_grads_with_norm_(parameters, max_norm, norm)
+    return norm
+
+
+def clip_grads_with_norm_(parameters, max_norm, total_norm):
+    """clip_grad_norm_'s second half, given the norm: g *= max_norm / (total_norm + 1e-6) where that is below 1.
+
+    As torch.nn.utils.clip_grads_with_norm_ (PyTorch 2.13): for a norm
+    computed elsewhere, such as summed across the ranks that each hold a
+    shard of the gradients (zero.py). total_norm None (the meta device):
+    nothing is scaled.
+    """
+    if total_norm is None:
+        return
+    coef = max_norm / (total_norm + 1e-6)
     if coef < 1 or math.isnan(coef):  # PyTorch multiplies by min(coef, 1), and min(nan, 1) is nan
         with no_grad(), numpy.errstate(invalid="ignore"):  # inf * 0 is NaN here on purpose, as in PyTorch
-            for g in grads:
-                g.mul_(coef)
-    return norm
+            for p in parameters:
+                if p.grad is not None:
+                    p.grad.mul_(coef)

@@ -117,11 +117,13 @@ from .checkpoint import check_options
 from .data import IGNORE_INDEX, collate, epoch_order
 from .distributed import DistributedError
 from .grad_scaler import GradScaler
-from .optim import SGD, AdamW, clip_grad_norm_, get_total_norm
+from .optim import SGD, AdamW, clip_grad_norm_, clip_grads_with_norm_, get_total_norm
 from .resume import MODEL_NAME, TrainerState
 # The saved-run functions live in resume.py; scripts and tests import them from here too:
 from .resume import checkpoint_path, sorted_checkpoints, verify_checkpoint  # noqa: F401
 from .tape import no_grad
+from .zero import STAGES as ZERO_STAGES
+from .zero import FlatShards, ShardedAccumulator, ShardedGradScaler, total_norm
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -186,6 +188,10 @@ class TrainingArguments:
     seed: int = _field(42, "decides the example order and the default random generator (dropout)")
     optim: str = _field("adamw", "the optimizer", choices=OPTIMIZERS)
     accumulation_dtype: str = _field(None, "dtype of the accumulation buffers, e.g. float64 (None: the parameters')")
+    zero_stage: int = _field(
+        0, "with several processes (mpiexec -n N), what each keeps 1/N of (zero.py; DeepSpeed's "
+           "zero_optimization.stage): 0 nothing, 1 the optimizer state, 2 the accumulation buffers too",
+        choices=ZERO_STAGES)
     fp16: bool = _field(
         False, "mixed precision with float16 (autocast.py): matrix products in float16, parameters, gradients and "
                "optimizer state float32, the loss scaled (GradScaler) and steps whose gradients overflow skipped")
@@ -244,6 +250,10 @@ class TrainingArguments:
                              "(--fp16 or --bf16), or neither for float32")
         if self.bf16:
             autocast.bfloat16()  # ImportError naming the extra now, not at the first step
+        if self.zero_stage and self.output_dir is not None:
+            raise ValueError(f"zero_stage={self.zero_stage} with output_dir: each process holds only its shard of the "
+                             "optimizer state, and a sharded checkpoint is not built yet; set output_dir=None "
+                             "(--output-dir none) or zero_stage=0")
 
     def _check_int(self, name, minimum, hint=""):
         value = getattr(self, name)
@@ -415,12 +425,19 @@ class Trainer:
                 model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
             except TypeError as e:  # a value the model cannot take: the user's arguments, not a bug
                 raise ValueError(f"gradient_checkpointing_kwargs {args.gradient_checkpointing_kwargs}: {e}") from None
-        self.optimizer = create_optimizer(model.parameters(), args)
-        self.accumulator = GradientAccumulator(
-            self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
-        )
-        # float16's loss scaling; a pass-through otherwise
-        self.scaler = GradScaler(enabled=args.fp16)  # fp16: PyTorch's defaults; otherwise a pass-through
+        self.zero = args.zero_stage if distributed is not None else 0  # one process has nothing to shard
+        if self.zero:  # the optimizer steps this process's shards; the accumulator sums into them (zero.py)
+            shards = FlatShards(model.parameters(), distributed.rank, distributed.world_size)
+            self.optimizer = create_optimizer(shards.shards, args)
+            self.accumulator = ShardedAccumulator(shards, distributed.comm, self.zero,
+                                                  args.gradient_accumulation_steps, dtype=args.accumulation_dtype)
+            self.scaler = ShardedGradScaler(distributed.comm, enabled=args.fp16)
+        else:
+            self.optimizer = create_optimizer(model.parameters(), args)
+            self.accumulator = GradientAccumulator(
+                self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
+            )
+            self.scaler = GradScaler(enabled=args.fp16)  # fp16: PyTorch's defaults; otherwise a pass-through
         self.scaler_backed_off = False  # the last step was skipped only for overflow at a loss scale above 1
         self.distributed = distributed
         self.world_size = 1 if distributed is None else distributed.world_size
@@ -611,7 +628,11 @@ class Trainer:
         scale = self.scaler.get_scale()
         overflow = self.scaler.unscale_(self.optimizer)  # fp16: p.grad /= scale, once, before clipping
         params = self.optimizer.params
-        if self.args.max_grad_norm:
+        if self.zero:  # each process holds a shard of the gradients: the norm is summed across them
+            grad_norm = float(total_norm(params, self.distributed.comm))
+            if self.args.max_grad_norm:
+                clip_grads_with_norm_(params, self.args.max_grad_norm, grad_norm)
+        elif self.args.max_grad_norm:
             grad_norm = clip_grad_norm_(params, self.args.max_grad_norm)
         else:
             grad_norm = get_total_norm(p.grad for p in params if p.grad is not None)
@@ -623,6 +644,9 @@ class Trainer:
         if not nonfinite:
             self.optimizer.lr = lr
             self.optimizer.step()
+            if self.zero:  # every process's updated shards to every process
+                for flat, _, _ in self.accumulator.layout.groups:
+                    self.distributed.comm.all_gather_(flat)
         self.scaler.update()
         self.accumulator.zero_grad()
         return (grad_norm if self.args.max_grad_norm else None), (nonfinite or None)

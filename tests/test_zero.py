@@ -1,0 +1,160 @@
+"""ZeRO stages 1 and 2 (zero.py) under `mpiexec -n N`, N = 2, 3, 4, checked as the anchors' own tests check theirs.
+
+Every stage takes the steps of the single process that reads the whole
+effective batch: the same parameters and losses (float64: to 1e-12; the
+16-bit runs: as data parallelism's own, stage 0, to the float32 rounding of
+a sum in another order), each rank's shard of the AdamW moments is the slice
+of the single process's, the padding stays zero, the ranks agree bit for bit,
+and each rank's optimizer state and accumulation buffers are the bytes of its
+shard. The worker (tests/zero_worker.py) trains; these tests compare.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+
+from tinygrad_ckpt.train import Trainer, TrainingArguments
+
+from .test_distributed import find_mpiexec, needs_mpi
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mpi_worker import dataset, training_args  # noqa: E402
+from zero_worker import CASES, N_EXAMPLES, STAGES, gpt  # noqa: E402
+
+WORKER = Path(__file__).with_name("zero_worker.py")
+TIMEOUT = 300
+RANKS = (2, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """{N: [rank 0's results, ..., rank N-1's]}, each worker started once under mpiexec -n N."""
+    import os
+    import subprocess
+
+    results = {}
+
+    def get(n):
+        if n not in results:
+            out = tmp_path_factory.mktemp(f"zero{n}")
+            env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "OMPI_MCA_rmaps_base_oversubscribe": "1", "OPENBLAS_NUM_THREADS": "1"}
+            run = subprocess.run([find_mpiexec(), "-n", str(n), sys.executable, str(WORKER), str(out)],
+                                 capture_output=True, text=True, timeout=TIMEOUT, env=env)
+            assert run.returncode == 0, f"mpiexec -n {n} zero_worker failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+            results[n] = [json.loads((out / f"zero_rank{r}.json").read_text()) for r in range(n)]
+        return results[n]
+
+    return get
+
+
+def single_process(overrides, dtype, n):
+    """One process reading the whole effective batch (B x G x N) in one micro-batch."""
+    overrides = dict(overrides)
+    B, G = overrides.pop("per_device_train_batch_size"), overrides.pop("gradient_accumulation_steps")
+    trainer = Trainer(gpt(dtype), training_args(per_device_train_batch_size=B * G * n, gradient_accumulation_steps=1,
+                                                **overrides), dataset(N_EXAMPLES))
+    history = trainer.train()
+    return trainer, [e["loss"] for e in history if "loss" in e]
+
+
+def flat_padded(arrays, n):
+    """The arrays in order as one flat array, padded with zeros to n equal shards (zero.FlatShards' layout)."""
+    flat = numpy.concatenate([numpy.asarray(a, dtype=numpy.float64).ravel() for a in arrays])
+    return numpy.concatenate([flat, numpy.zeros(-len(flat) % n)])
+
+
+@needs_mpi
+@pytest.mark.equivalence
+@pytest.mark.parametrize("n", RANKS)
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == numpy.float64], ids=lambda c: c[0])
+def test_every_stage_takes_the_single_process_steps_in_float64(launched, case, n):
+    name, overrides, dtype = case
+    reference, losses = single_process(overrides, dtype, n)
+    want = [p.numpy() for p in reference.model.parameters()]
+    for stage in STAGES:
+        ranks = [r[f"{name}_{stage}"] for r in launched(n)]
+        for rank in ranks:
+            for got, expected in zip(rank["params"], want):
+                numpy.testing.assert_allclose(numpy.array(got), expected, rtol=1e-12, atol=1e-14)
+            numpy.testing.assert_allclose(rank["losses"], losses, rtol=1e-12, atol=1e-14)
+        assert all(r["params"] == ranks[0]["params"] for r in ranks), f"stage {stage}: the ranks differ"
+        if stage and overrides["optim"] == "adamw":  # each rank's moments: its slice of the single process's
+            for state, (mine_by_rank, whole) in enumerate(zip(zip(*(r["moments"] for r in ranks)),
+                                                               (reference.optimizer.exp_avg, reference.optimizer.exp_avg_sq))):
+                expected = flat_padded(whole, n).reshape(n, -1)
+                for r, mine in enumerate(mine_by_rank):
+                    numpy.testing.assert_allclose(numpy.array(mine[0]), expected[r], rtol=1e-12, atol=1e-14,
+                                                  err_msg=f"stage {stage}, rank {r}, moment {state + 1}")
+        if stage:
+            assert all(not any(numpy.any(numpy.array(p)) for p in r["padding"]) for r in ranks)
+            assert ranks[0]["shard_sizes"] == [-(-sum(a.size for a in want) // n)]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", RANKS)
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == numpy.float32], ids=lambda c: c[0])
+def test_with_mixed_precision_every_stage_takes_data_parallelisms_steps(launched, case, n):
+    """bf16 (with checkpointing) and fp16 (its loss scale found by the ranks together): stages 1 and 2 step as
+    stage 0 does, up to the order of a float32 sum (measured: 2.2e-7 relative at most); fp16's skipped steps are
+    the same on every stage. SGD, so that the rounding shows as it is: AdamW divides by sqrt(v) + 1e-8, and a
+    gradient near zero turns a last-bit difference into a visible step (measured: 1.5e-3 after two steps)."""
+    name, overrides, _ = case
+    plain = launched(n)[0][f"{name}_0"]
+    for stage in STAGES[1:]:
+        ranks = [r[f"{name}_{stage}"] for r in launched(n)]
+        assert all(r["params"] == ranks[0]["params"] for r in ranks)
+        assert len(ranks[0]["losses"]) == len(plain["losses"]) > 0  # the same steps taken (fp16: the same skipped)
+        numpy.testing.assert_allclose(ranks[0]["losses"], plain["losses"], rtol=1e-6)
+        for got, expected in zip(ranks[0]["params"], plain["params"]):
+            numpy.testing.assert_allclose(numpy.array(got), numpy.array(expected), rtol=1e-6, atol=1e-7)
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", RANKS)
+def test_each_rank_holds_its_shard_of_the_optimizer_state_and_at_stage_2_of_the_buffers(launched, n):
+    """Bytes by category when training ended, per rank (AdamW, float64, P parameters, shards of S = ceil(P / N)):
+    stage 0: parameters 8P, accumulation 8P, optimizer 16P; stage 1: 8NS, 8NS, 16S; stage 2: 8NS, 8S, 16S.
+    (Parameters and stage 1's buffers are padded to N S; the rest is the run's other arrays, the same in all.)"""
+    P = sum(p.data.size for p in gpt(numpy.float64).parameters())
+    S = -(-P // n)
+    want = {0: (P, P, 2 * P), 1: (n * S, n * S, 2 * S), 2: (n * S, S, 2 * S)}
+    for stage in STAGES:
+        for r, rank in enumerate(launched(n)):
+            got = rank[f"adamw_{stage}"]["bytes"]
+            assert (got["parameters"], got["accumulation"], got["optimizer"]) == tuple(8 * e for e in want[stage]), (
+                f"stage {stage}, rank {r}: {got}")
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", RANKS)
+def test_stage_1_sends_what_data_parallelism_sends_and_stage_2_scatters_each_micro_batch(launched, n):
+    """Stage 0: one all-reduce of the buffers a step; stage 1: one reduce-scatter and one all-gather of the
+    parameters a step (the two halves of an all-reduce); stage 2: a reduce-scatter per micro-batch."""
+    name, overrides, _ = CASES[0]
+    steps = overrides["max_steps"]
+    micro_batches = launched(n)[0][f"{name}_2"]["micro_batches"]  # each ends with its gradients scattered
+    assert micro_batches > steps
+    calls = {stage: launched(n)[0][f"{name}_{stage}"]["calls"] for stage in STAGES}
+    assert calls[0]["reduce_scatter"] == calls[0]["all_gather_arrays"] == 0
+    assert calls[1]["reduce_scatter"] == calls[1]["all_gather_arrays"] == steps
+    assert calls[2]["reduce_scatter"] == micro_batches and calls[2]["all_gather_arrays"] == steps
+
+
+def test_zero_with_an_output_dir_is_refused_until_sharded_checkpoints_exist():
+    with pytest.raises(ValueError, match="zero_stage=2 with output_dir: .* set output_dir=None"):
+        TrainingArguments(zero_stage=2, output_dir="out")
+    with pytest.raises(ValueError, match=r"zero_stage must be one of \(0, 1, 2\), got 3"):
+        TrainingArguments(zero_stage=3)
+
+
+def test_one_process_has_nothing_to_shard_and_trains_as_without_zero():
+    runs = []
+    for stage in (0, 2):
+        trainer = Trainer(gpt(numpy.float64), training_args(zero_stage=stage, max_steps=2), dataset(N_EXAMPLES))
+        trainer.train()
+        runs.append([p.numpy() for p in trainer.model.parameters()])
+    assert all(numpy.array_equal(a, b) for a, b in zip(*runs))
