@@ -236,9 +236,11 @@ def model_flags(args):
     every = {flag for k in KINDS.values() for flag in k.flags}
     given = sorted(flag for flag in every - kind.flags.keys() if getattr(args, flag) is not None)
     if given:
-        takes = " ".join("--" + flag.replace("_", "-") for flag in kind.flags)
-        raise ValueError(f"{', '.join('--' + f.replace('_', '-') for f in given)} does not apply to --model "
-                         f"{args.model}, which takes {takes} (and the training flags)")
+        raise ValueError(f"{_flag_list(given)} {'does' if len(given) == 1 else 'do'} not apply to --model "
+                         f"{args.model}, which takes {_flag_list(kind.flags)} (and the training flags)")
+    if "split_blocks" in (args.gradient_checkpointing_kwargs or {}) and args.model != "gpt":
+        raise ValueError(f"gradient_checkpointing_kwargs' split_blocks cuts a GPT's blocks in halves; --model "
+                         f"{args.model} checkpoints its {kind.chain}: give it segments and a policy only")
     for flag in every:
         if getattr(args, flag) is None:
             setattr(args, flag, kind.flags.get(flag))
@@ -324,7 +326,8 @@ def _parse(kind, text, what):
 
 
 def run_train(args):
-    """tinygrad-ckpt train: data -> GPT -> Trainer -> validation loss -> a sample."""
+    """tinygrad-ckpt train: data -> the model (--model, a GPT by default) -> Trainer -> validation loss -> a sample
+    (the GPT's)."""
     parallel = from_environment()  # under `mpiexec -n N` (N > 1) a DataParallel, else None
     if parallel is not None and not parallel.is_main_process:  # only rank 0 prints
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
@@ -485,7 +488,8 @@ def build_parser():
                     "and watch the memory.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    train = commands.add_parser("train", help="train a character-level GPT (embedded data by default)",
+    train = commands.add_parser("train", help="train a character-level GPT (embedded data by default), or --model lstm, "
+                                "encoder, cnn, mlp",
                                 description=run_train.__doc__, epilog=_defaults_epilog())
     add_train_arguments(train)
     train.set_defaults(run=run_train)
