@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygrad_ckpt import cli, serialization
+from tinygrad_ckpt import Tensor, cli, serialization
+from tinygrad_ckpt import functional as F
+from tinygrad_ckpt.data import curve_task, epoch_order
+from tinygrad_ckpt.nn import MLP
 
 # A tiny size of each kind, and the flags every run here shares (no progress bar, no sample).
 TINY = {
@@ -151,3 +154,27 @@ def test_the_default_model_flags_are_the_kinds_own(kind):
     assert cli.model_flags(args) is cli.KINDS[kind]
     every = {flag for k in cli.KINDS.values() for flag in k.flags}
     assert {flag: getattr(args, flag) for flag in every} == {flag: cli.KINDS[kind].flags.get(flag) for flag in every}
+
+
+def test_the_mlp_command_is_a_hand_written_loop_on_tutorial_2s_curve(tmp_path, capsys):
+    """The command's MLP run is this loop: the same model, data, examples in each step, and SGD update.
+
+    The parameters agree to float32 rounding (1e-6; the loop divides each
+    gradient by the items as the accumulator does, the same ops in the same order).
+    """
+    B, steps, lr, seed = 4, 3, 0.1, 5
+    got = trained("mlp", tmp_path, "cli", "--optim", "sgd", "--learning-rate", str(lr), "--lr-scheduler-type",
+                  "constant", "--warmup-steps", "0", "--max-grad-norm", "0", "--per-device-train-batch-size", str(B),
+                  "--seed", str(seed), capsys=capsys)
+    model = MLP(1, 16, 1, 3, rng=numpy.random.default_rng(seed))
+    x, y = curve_task(cli.GENERATED)
+    order = epoch_order(len(x), seed, 0)
+    for step in range(steps):
+        rows = order[step * B:(step + 1) * B]
+        loss = F.mse_loss(model(Tensor(x[rows])), Tensor(y[rows]), reduction="sum")
+        loss.backward()
+        for p in model.parameters():
+            p.data -= numpy.float32(lr) * (p.grad.data / numpy.float32(B))
+            p.grad = None
+    for name, p in model.named_parameters():
+        numpy.testing.assert_allclose(got[name], p.data, rtol=1e-6, atol=1e-7, err_msg=name)

@@ -102,7 +102,7 @@ def _text(args):
 
 def _generated(args, what, **arrays):
     train, val = train_val_split(array_examples(**arrays), args.val_fraction)
-    return None, train, val or None, f"generated, {what}, {len(train)} training examples"
+    return None, train, val or None, f"generated, {what}, {len(train):,} training examples"
 
 
 def _curve(args):
@@ -379,7 +379,8 @@ def _train(args, parallel):
     if evals:
         print(f"validation loss: {evals[-1]:.4f}")
     if args.output_dir is not None:
-        print(f"saved: {args.output_dir}/model.npz (model{', tokenizer' if tokenizer else ''}{', config' if hasattr(model, 'config') else ''}) and "
+        kept = ["model"] + ["tokenizer"] * (tokenizer is not None) + ["config"] * hasattr(model, "config")
+        print(f"saved: {args.output_dir}/model.npz ({', '.join(kept)}) and "
               f"{args.output_dir}/checkpoint-{trainer.state.global_step}.npz (to resume)")
     if args.sample_chars:  # the GPT's (None for the kinds that do not sample)
         model.eval()
