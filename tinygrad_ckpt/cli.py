@@ -126,38 +126,47 @@ def _rng(args):
     return numpy.random.default_rng(args.seed)
 
 
-SIZE_FLAGS = ("n_embd", "hidden_size", "widths", "n_layer", "block_size", "image_size")  # as an out-of-memory error names them
-_LM = dict(block_size=64, dropout=0.0, data=None)  # the language models' own flags and defaults
+SIZE_FLAGS = ("n_embd", "hidden_size", "widths", "n_layer", "block_size", "image_size")  # in an out-of-memory error
 KINDS = {
     "gpt": Kind(
-        {**_LM, **{k: DEFAULTS[k] for k in ("block_size", "n_layer", "n_head", "n_embd")}, "sample_chars": 300,
-         "temperature": 0.8}, _text,
-        lambda a, tok: GPT(GPTConfig(block_size=a.block_size, vocab_size=tok.vocab_size, n_layer=a.n_layer,
-                                     n_head=a.n_head, n_embd=a.n_embd, dropout=a.dropout), rng=_rng(a), device=a.device),
-        lambda a: f"GPT, {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}"),
-    "lstm": Kind(
-        {**_LM, "n_layer": 1, "n_embd": 64, "hidden_size": 128}, _text,
-        lambda a, tok: LSTMLanguageModel(LSTMConfig(vocab_size=tok.vocab_size, n_embd=a.n_embd, hidden_size=a.hidden_size,
-                                                    num_layers=a.n_layer, dropout=a.dropout), rng=_rng(a), device=a.device),
-        lambda a: f"LSTM language model, {_plural(a.n_layer, 'layer')}, hidden size {a.hidden_size}, embedding width "
-                  f"{a.n_embd}", chain="time steps"),
+        flags={**{k: DEFAULTS[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "dropout")}, "data": None,
+               "sample_chars": 300, "temperature": 0.8},
+        data=_text,
+        build=lambda a, tok: GPT(GPTConfig(block_size=a.block_size, vocab_size=tok.vocab_size, n_layer=a.n_layer,
+                                           n_head=a.n_head, n_embd=a.n_embd, dropout=a.dropout),
+                                 rng=_rng(a), device=a.device),
+        describe=lambda a: f"GPT, {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}"),
+    "lstm": Kind(  # the GPT's contract (forward(input_ids) -> logits (B, T, vocab)), so the Trainer's own loss
+        flags=dict(block_size=64, dropout=0.0, data=None, n_layer=1, n_embd=64, hidden_size=128),
+        data=_text,
+        build=lambda a, tok: LSTMLanguageModel(LSTMConfig(vocab_size=tok.vocab_size, n_embd=a.n_embd,
+                                                          hidden_size=a.hidden_size, num_layers=a.n_layer,
+                                                          dropout=a.dropout), rng=_rng(a), device=a.device),
+        describe=lambda a: f"LSTM language model, {_plural(a.n_layer, 'layer')}, hidden size {a.hidden_size}, "
+                           f"embedding width {a.n_embd}",
+        chain="time steps"),
     "encoder": Kind(
-        dict(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0), _majority,
-        lambda a, tok: Encoder(EncoderConfig(block_size=a.block_size, vocab_size=8, num_classes=8, n_layer=a.n_layer,
-                                             n_head=a.n_head, n_embd=a.n_embd, dropout=a.dropout), rng=_rng(a),
-                               device=a.device),
-        lambda a: f"encoder (a classifier), {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}",
-        sequence_label_loss, "sequence"),
+        flags=dict(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0),
+        data=_majority,
+        build=lambda a, tok: Encoder(EncoderConfig(block_size=a.block_size, vocab_size=8, num_classes=8,
+                                                   n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd,
+                                                   dropout=a.dropout), rng=_rng(a), device=a.device),
+        describe=lambda a: f"encoder (a classifier), {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}",
+        loss=sequence_label_loss, item="sequence"),
     "cnn": Kind(
-        dict(image_size=32, widths=(16, 32, 64)), _stripes,
-        lambda a, tok: CNN(CNNConfig(image_size=a.image_size, n_classes=10, widths=a.widths), rng=_rng(a),
-                           device=a.device),
-        lambda a: f"CNN, stages of widths {', '.join(map(str, a.widths))} (Conv 3x3 -> BatchNorm -> ReLU, twice, "
-                  "then MaxPool)", image_loss, "image", "stages"),
+        flags=dict(image_size=32, widths=(16, 32, 64)),
+        data=_stripes,
+        build=lambda a, tok: CNN(CNNConfig(image_size=a.image_size, n_classes=10, widths=a.widths), rng=_rng(a),
+                                 device=a.device),
+        describe=lambda a: f"CNN, stages of widths {', '.join(map(str, a.widths))} (Conv 3x3 -> BatchNorm -> ReLU, "
+                           "twice, then MaxPool)",
+        loss=image_loss, item="image", chain="stages"),
     "mlp": Kind(
-        dict(n_layer=4, n_embd=64), _curve,
-        lambda a, tok: MLP(1, a.n_embd, 1, a.n_layer, rng=_rng(a), device=a.device),
-        lambda a: f"MLP, {a.n_layer} blocks (Linear -> GELU) of width {a.n_embd}", curve_loss, "point"),
+        flags=dict(n_layer=4, n_embd=64),
+        data=_curve,
+        build=lambda a, tok: MLP(1, a.n_embd, 1, a.n_layer, rng=_rng(a), device=a.device),
+        describe=lambda a: f"MLP, {a.n_layer} blocks (Linear -> GELU) of width {a.n_embd}",
+        loss=curve_loss, item="point"),
 }
 
 
