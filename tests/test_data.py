@@ -190,3 +190,41 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match=r"data file '.*locked.txt' cannot be read \(Permission denied\); give "
                                               r"--data a file you can read"):
         data.load_text(path)
+
+
+# -- the generated tasks of the models that do not read text ------------------------------------
+@given(n=st.integers(1, 20), size=st.sampled_from([4, 8, 12]), classes=st.integers(2, 12), seed=st.integers(0, 2**32 - 1))
+def test_stripes_task_is_images_and_labels_decided_by_the_seed(n, size, classes, seed):
+    images, labels = data.stripes_task(n, size, classes, seed)
+    assert images.shape == (n, 3, size, size) and images.dtype == numpy.float32
+    assert labels.shape == (n,) and labels.dtype == numpy.int64 and ((0 <= labels) & (labels < classes)).all()
+    again, again_labels = data.stripes_task(n, size, classes, seed)
+    assert numpy.array_equal(images, again) and numpy.array_equal(labels, again_labels)
+    assert not numpy.array_equal(images, data.stripes_task(n, size, classes, seed + 1)[0])
+
+
+def test_curve_task_is_the_curve_with_noise_of_a_tenth():
+    x, y = data.curve_task(4000)
+    assert x.shape == y.shape == (4000, 1) and x.dtype == y.dtype == numpy.float32
+    assert -3 <= x.min() and x.max() <= 3
+    noise = y - numpy.sin(2 * x)
+    assert abs(noise.mean()) < 0.01 and 0.095 < noise.std() < 0.105
+    assert numpy.array_equal(x, data.curve_task(4000)[0])
+
+
+@given(n=st.integers(1, 10))
+def test_array_examples_are_the_arrays_rows_and_stack_back(n):
+    x, y = numpy.arange(2 * n).reshape(n, 2), numpy.arange(n)
+    examples = data.array_examples(x=x, y=y)
+    assert len(examples) == n and all(numpy.array_equal(e["x"], x[i]) and e["y"] == y[i] for i, e in enumerate(examples))
+    batch = data.stack_collate(examples)
+    assert numpy.array_equal(batch["x"], x) and numpy.array_equal(batch["y"], y)
+
+
+def test_generated_task_errors_name_what_is_wrong():
+    with pytest.raises(ValueError, match="array_examples: the arrays must have one length"):
+        data.array_examples(x=numpy.zeros(3), y=numpy.zeros(4))
+    with pytest.raises(ValueError, match="stripes_task needs n_examples >= 1"):
+        data.stripes_task(0)
+    with pytest.raises(ValueError, match="curve_task needs n_examples >= 1"):
+        data.curve_task(0)

@@ -1,6 +1,7 @@
 """The command line: `tinygrad-ckpt train ...` (also `python -m tinygrad_ckpt train ...`), `bench`, `fit`.
 
     tinygrad-ckpt train                                   # a small GPT on the embedded plays, ~1 minute
+    tinygrad-ckpt train --model cnn --bf16                # another kind: mlp, cnn, lstm, encoder (KINDS)
     tinygrad-ckpt train --per-device-train-batch-size 4 --gradient-accumulation-steps 8
     tinygrad-ckpt train --data my.txt --max-steps 500 --output-dir out --save-steps 50
     tinygrad-ckpt train --output-dir out --save-steps 50 --resume   # continue from out's newest good checkpoint
@@ -12,7 +13,8 @@ command's training flags are generated from TrainingArguments' fields: each
 field is one flag (`per_device_train_batch_size` -> `--per-device-train-batch-size`)
 with the field's type, default and help (its metadata), so the two cannot
 drift apart. The demo overrides a few defaults, all in DEFAULTS, which
-`--help` prints. The data, model and sampling flags are written here. Another
+`--help` prints. The data, model and sampling flags are written here; which
+of them a model kind takes, and its defaults, is its row of KINDS. Another
 subcommand lives in its own module with `add_arguments(parser)` and
 `run(args)`, and gets two lines in build_parser().
 
@@ -34,15 +36,20 @@ import math
 import os
 import sys
 import time
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 
 import numpy
 
-from . import backend, bench, fit, memory, random, schedules
-from .data import load_char_datasets
+from . import autocast, backend, bench, fit, memory, random, schedules
+from . import functional as F
+from .bench.kinds import image_loss, sequence_label_loss
+from .data import (
+    array_examples, curve_task, load_char_datasets, majority_token_task, stack_collate, stripes_task, train_val_split,
+)
 from .distributed import DistributedError, abort_if_running, from_environment
-from .nn import GPT, GPTConfig
+from .nn import CNN, GPT, LSTM, MLP, CNNConfig, Encoder, EncoderConfig, GPTConfig, LSTMConfig, LSTMLanguageModel
 from .nn.module import LoadStateDictError
+from .tensor import Tensor
 from .testing import verify
 from .threads import limited_threads
 from .train import TrainingArguments, Trainer
@@ -59,6 +66,109 @@ DEFAULTS = dict(
     warmup_steps=20, lr_scheduler_type="cosine", adam_beta2=0.99, logging_steps=50, logging_first_step=True,
     seed=0, keep_freed_memory=True,
 )
+
+# -- the model kinds: `tinygrad-ckpt train --model NAME` -------------------------------------------------
+# The language models learn from the embedded text (or --data); the other kinds from a task data.py generates
+# from a fixed seed (no download; the same arrays on every machine): GENERATED examples, the last
+# --val-fraction of them for validation. The losses are those `bench --kinds` trains with (bench/kinds.py).
+GENERATED = 4096
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A model kind `train --model NAME` trains: one row of KINDS."""
+
+    flags: dict  # the model, data and sampling flags it takes (their dest names) -> its defaults
+    data: object  # args -> (tokenizer or None, training set, validation set or None, the "data:" line)
+    build: object  # (args, tokenizer) -> the model, its weights drawn from --seed
+    describe: object  # args -> what the "model:" line calls it
+    loss: object = None  # the Trainer's compute_loss_func; None: its own, a language model's
+    item: str = "token"  # what the loss is a mean over
+    chain: str = "blocks"  # what checkpointing cuts into segments
+
+
+def curve_loss(model, batch):
+    """The MLP's loss: the sum of the squared errors over the points, and how many points."""
+    device = model.head.weight.device
+    predicted = model(Tensor(batch["x"], device=device))  # (B, 1)
+    return F.mse_loss(predicted, Tensor(batch["y"], device=device), reduction="sum"), len(batch["y"])
+
+
+def _text(args):
+    tokenizer, train, val = load_char_datasets(args.data, args.block_size, args.val_fraction)
+    return tokenizer, train, val, (f"{'embedded Shakespeare' if args.data is None else args.data}, {len(train)} "
+                                   f"training examples of {args.block_size} characters, vocabulary {tokenizer.vocab_size}")
+
+
+def _generated(args, what, **arrays):
+    train, val = train_val_split(array_examples(**arrays), args.val_fraction)
+    return None, train, val or None, f"generated, {what}, {len(train):,} training examples"
+
+
+def _curve(args):
+    x, y = curve_task(GENERATED)
+    return _generated(args, "tutorial 2's curve y = sin(2x) + noise for x in [-3, 3] (data.curve_task)", x=x, y=y)
+
+
+def _stripes(args):
+    images, labels = stripes_task(GENERATED, args.image_size)
+    return _generated(args, f"which of 10 directions the stripes of a {args.image_size} x {args.image_size} image "
+                            "run in (data.stripes_task)", x=images, y=labels)
+
+
+def _majority(args):
+    ids, labels = majority_token_task(GENERATED, args.block_size, vocab_size=8)
+    return _generated(args, f"which of 8 tokens a sequence of {args.block_size} holds most often "
+                            "(data.majority_token_task)", input_ids=ids, labels=labels)
+
+
+def _rng(args):
+    return numpy.random.default_rng(args.seed)
+
+
+SIZE_FLAGS = ("n_embd", "hidden_size", "widths", "n_layer", "block_size", "image_size")  # in an out-of-memory error
+KINDS = {
+    "gpt": Kind(
+        flags={**{k: DEFAULTS[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "dropout")}, "data": None,
+               "sample_chars": 300, "temperature": 0.8},
+        data=_text,
+        build=lambda a, tok: GPT(GPTConfig(block_size=a.block_size, vocab_size=tok.vocab_size, n_layer=a.n_layer,
+                                           n_head=a.n_head, n_embd=a.n_embd, dropout=a.dropout),
+                                 rng=_rng(a), device=a.device),
+        describe=lambda a: f"GPT, {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}"),
+    "lstm": Kind(  # the GPT's contract (forward(input_ids) -> logits (B, T, vocab)), so the Trainer's own loss
+        flags=dict(block_size=64, dropout=0.0, data=None, n_layer=1, n_embd=64, hidden_size=128),
+        data=_text,
+        build=lambda a, tok: LSTMLanguageModel(LSTMConfig(vocab_size=tok.vocab_size, n_embd=a.n_embd,
+                                                          hidden_size=a.hidden_size, num_layers=a.n_layer,
+                                                          dropout=a.dropout), rng=_rng(a), device=a.device),
+        describe=lambda a: f"LSTM language model, {_plural(a.n_layer, 'layer')}, hidden size {a.hidden_size}, "
+                           f"embedding width {a.n_embd}",
+        chain="time steps"),
+    "encoder": Kind(
+        flags=dict(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0),
+        data=_majority,
+        build=lambda a, tok: Encoder(EncoderConfig(block_size=a.block_size, vocab_size=8, num_classes=8,
+                                                   n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd,
+                                                   dropout=a.dropout), rng=_rng(a), device=a.device),
+        describe=lambda a: f"encoder (a classifier), {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}",
+        loss=sequence_label_loss, item="sequence"),
+    "cnn": Kind(
+        flags=dict(image_size=32, widths=(16, 32, 64)),
+        data=_stripes,
+        build=lambda a, tok: CNN(CNNConfig(image_size=a.image_size, n_classes=10, widths=a.widths), rng=_rng(a),
+                                 device=a.device),
+        describe=lambda a: f"CNN, stages of widths {', '.join(map(str, a.widths))} (Conv 3x3 -> BatchNorm -> ReLU, "
+                           "twice, then MaxPool)",
+        loss=image_loss, item="image", chain="stages"),
+    "mlp": Kind(
+        flags=dict(n_layer=4, n_embd=64),
+        data=_curve,
+        build=lambda a, tok: MLP(1, a.n_embd, 1, a.n_layer, rng=_rng(a), device=a.device),
+        describe=lambda a: f"MLP, {a.n_layer} blocks (Linear -> GELU) of width {a.n_embd}",
+        loss=curve_loss, item="point"),
+}
+
 
 # The exceptions that mean "the input is wrong", not "the program is wrong":
 # one line and exit status 2 (CheckpointFileError is a ValueError; FloatingPointError
@@ -80,18 +190,25 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def add_train_arguments(parser):
     d = DEFAULTS
+    parser.add_argument("--model", choices=KINDS, default="gpt",
+                        help="the model kind: a GPT or an LSTM language model on the text, an encoder classifying "
+                             "generated sequences, a CNN classifying generated images, an MLP fitting a generated "
+                             "curve (default: %(default)s)")
     data = parser.add_argument_group("data")
-    data.add_argument("--data", metavar="PATH", default=None,
-                      help="a UTF-8 text file to learn from (default: the embedded Shakespeare plays)")
+    data.add_argument("--data", metavar="PATH", help=_taken_by("data", "a UTF-8 text file to learn from (default: "
+                                                                        "the embedded Shakespeare plays)"))
     data.add_argument("--val-fraction", type=float, default=0.1,
-                      help="the last fraction of the text kept for validation (default: %(default)s; 0: none)")
+                      help="the last fraction of the data kept for validation (default: %(default)s; 0: none)")
 
-    model = parser.add_argument_group("model (a GPT, nanoGPT's names)")
-    model.add_argument("--block-size", type=_positive_int, default=d["block_size"], help="context length in characters (default: %(default)s)")
-    model.add_argument("--n-layer", type=_positive_int, default=d["n_layer"], help="transformer blocks (default: %(default)s)")
-    model.add_argument("--n-head", type=_positive_int, default=d["n_head"], help="attention heads; must divide --n-embd (default: %(default)s)")
-    model.add_argument("--n-embd", type=_positive_int, default=d["n_embd"], help="embedding width (default: %(default)s)")
-    model.add_argument("--dropout", type=_probability, default=d["dropout"], help="dropout probability (default: %(default)s)")
+    model = parser.add_argument_group("model (nanoGPT's names; in brackets, the kinds that take a flag and their defaults)")
+    model.add_argument("--block-size", type=_positive_int, help=_taken_by("block_size", "context length in characters (the encoder's: sequence length)"))
+    model.add_argument("--n-layer", type=_positive_int, help=_taken_by("n_layer", "transformer blocks (the LSTM's: layers; the MLP's: Linear -> GELU blocks)"))
+    model.add_argument("--n-head", type=_positive_int, help=_taken_by("n_head", "attention heads; must divide --n-embd"))
+    model.add_argument("--n-embd", type=_positive_int, help=_taken_by("n_embd", "embedding width (the MLP's: hidden width)"))
+    model.add_argument("--hidden-size", type=_positive_int, help=_taken_by("hidden_size", "the width of the LSTM's state"))
+    model.add_argument("--image-size", type=_positive_int, help=_taken_by("image_size", "the images' side; divisible by 2 ** stages"))
+    model.add_argument("--widths", type=_widths, help=_taken_by("widths", "the CNN's stages, by their channels"))
+    model.add_argument("--dropout", type=_probability, help=_taken_by("dropout", "dropout probability"))
     model.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="'cuda' needs CuPy and a GPU (default: %(default)s)")
     model.add_argument("--threads", type=_positive_int, default=None,
                        help="BLAS threads for training (default: BLAS's own, one per core; on a busy machine 1 is "
@@ -108,9 +225,35 @@ def add_train_arguments(parser):
                                "in --output-dir that verifies)")
 
     out = parser.add_argument_group("after training")
-    out.add_argument("--sample-chars", type=_count, default=300,
-                     help="characters to sample at the end, on one BLAS thread; 0: none (default: %(default)s)")
-    out.add_argument("--temperature", type=_positive_float, default=0.8, help="sampling temperature, > 0 (default: %(default)s)")
+    out.add_argument("--sample-chars", type=_count, help=_taken_by("sample_chars", "characters to sample at the end, "
+                                                                                  "on one BLAS thread; 0: none"))
+    out.add_argument("--temperature", type=_positive_float, help=_taken_by("temperature", "sampling temperature, > 0"))
+
+
+def _taken_by(flag, help):
+    """A model flag's help, and the kinds that take it with their defaults: '... [gpt 64, lstm 64]'."""
+    def shown(value):
+        return "" if value is None else " " + (",".join(map(str, value)) if isinstance(value, tuple) else str(value))
+
+    taken = [name + shown(kind.flags[flag]) for name, kind in KINDS.items() if flag in kind.flags]
+    return f"{help} [{', '.join(taken)}]".replace("%", "%%")
+
+
+def model_flags(args):
+    """Fill in the kind's defaults for the model flags not given; refuse one the kind does not take."""
+    kind = KINDS[args.model]
+    every = {flag for k in KINDS.values() for flag in k.flags}
+    given = sorted(flag for flag in every - kind.flags.keys() if getattr(args, flag) is not None)
+    if given:
+        raise ValueError(f"{_flag_list(given)} {'does' if len(given) == 1 else 'do'} not apply to --model "
+                         f"{args.model}, which takes {_flag_list(kind.flags)} (and the training flags)")
+    if "split_blocks" in (args.gradient_checkpointing_kwargs or {}) and args.model != "gpt":
+        raise ValueError(f"gradient_checkpointing_kwargs' split_blocks cuts a GPT's blocks in halves; --model "
+                         f"{args.model} checkpoints its {kind.chain}: give it segments and a policy only")
+    for flag in every:
+        if getattr(args, flag) is None:
+            setattr(args, flag, kind.flags.get(flag))
+    return kind
 
 
 def add_dataclass_arguments(group, cls, defaults):
@@ -165,6 +308,11 @@ def _count(text):
     return value
 
 
+def _widths(text):
+    """An argparse type: channels per stage, '16,32,64' -> (16, 32, 64)."""
+    return tuple(_positive_int(part) for part in text.split(","))
+
+
 def _positive_float(text):
     value = _parse(float, text, "a number")
     if not (math.isfinite(value) and value > 0):
@@ -187,7 +335,8 @@ def _parse(kind, text, what):
 
 
 def run_train(args):
-    """tinygrad-ckpt train: data -> GPT -> Trainer -> validation loss -> a sample."""
+    """tinygrad-ckpt train: data -> the model (--model, a GPT by default) -> Trainer -> validation loss -> a sample
+    (the GPT's)."""
     parallel = from_environment()  # under `mpiexec -n N` (N > 1) a DataParallel, else None
     if parallel is not None and not parallel.is_main_process:  # only rank 0 prints
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
@@ -197,6 +346,7 @@ def run_train(args):
 
 def _train(args, parallel):
     start, cpu_start = time.perf_counter(), time.process_time()
+    kind = model_flags(args)
     training_args = TrainingArguments(**{f.name: getattr(args, f.name) for f in fields(TrainingArguments)})
     if args.device == "cuda":
         try:
@@ -208,31 +358,23 @@ def _train(args, parallel):
         from .bench.explorer import MemoryReport  # Plotly, the `report` extra: only when asked for
 
         callbacks.append(MemoryReport(args.memory_report))  # its path is checked now, before any step
-    tokenizer, train_data, val_data = load_char_datasets(args.data, args.block_size, args.val_fraction)
+    tokenizer, train_data, val_data, data_line = kind.data(args)
     random.manual_seed(args.seed)
-    config = GPTConfig(
-        block_size=args.block_size, vocab_size=tokenizer.vocab_size, n_layer=args.n_layer,
-        n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout,
-    )
     try:
-        model = GPT(config, rng=numpy.random.default_rng(args.seed), device=args.device)
+        model = kind.build(args, tokenizer)
         trainer = Trainer(model=model, args=training_args, train_dataset=train_data, eval_dataset=val_data,
-                          tokenizer=tokenizer, distributed=parallel, callbacks=callbacks)
+                          tokenizer=tokenizer, distributed=parallel, callbacks=callbacks,
+                          data_collator=None if kind.loss is None else stack_collate, compute_loss_func=kind.loss)
     except MemoryError as e:  # the model itself, before any batch: the batch advice would not help
+        sizes = [flag for flag in SIZE_FLAGS if flag in kind.flags]
         raise ValueError(f"the model and its optimizer state do not fit in memory ({e or 'MemoryError'}); use a "
-                         "smaller --n-embd, --n-layer or --block-size") from None
+                         f"smaller {_flag_list(sizes[:-1])} or {_flag_list(sizes[-1:])}") from None
 
     n_params = sum(p.numel() for p in trainer.optimizer.params)
-    print(
-        f"data: {'embedded Shakespeare' if args.data is None else args.data}, {len(train_data)} training examples "
-        f"of {args.block_size} characters, vocabulary {tokenizer.vocab_size}"
-        + (f", {len(val_data)} validation examples" if val_data is not None else "")
-    )
-    print(
-        f"model: GPT, {args.n_layer} layers, {args.n_head} heads, width {args.n_embd}, {n_params:,} parameters "
-        f"({memory.format_bytes(memory.current()['parameters'])}) on {args.device}"
-    )
-    for line in training_header(trainer):
+    print(f"data: {data_line}" + (f", {len(val_data)} validation examples" if val_data is not None else ""))
+    print(f"model: {kind.describe(args)}, {n_params:,} parameters "
+          f"({memory.format_bytes(memory.current()['parameters'])}) on {args.device}")
+    for line in training_header(trainer, kind, args.block_size):
         print(line)
     with limited_threads(args.threads):  # None: as BLAS set itself up
         history = trainer.train(resume_from_checkpoint=args.resume)
@@ -246,9 +388,10 @@ def _train(args, parallel):
     if evals:
         print(f"validation loss: {evals[-1]:.4f}")
     if args.output_dir is not None:
-        print(f"saved: {args.output_dir}/model.npz (model, tokenizer, config) and "
+        kept = ["model"] + ["tokenizer"] * (tokenizer is not None) + ["config"] * hasattr(model, "config")
+        print(f"saved: {args.output_dir}/model.npz ({', '.join(kept)}) and "
               f"{args.output_dir}/checkpoint-{trainer.state.global_step}.npz (to resume)")
-    if args.sample_chars > 0:
+    if args.sample_chars:  # the GPT's (None for the kinds that do not sample)
         model.eval()
         prompt = "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
         # One BLAS thread: each character is a forward on one sequence, products too small to split
@@ -263,14 +406,17 @@ def _train(args, parallel):
     return 0
 
 
-def training_header(trainer):
-    """The lines that say what a run does: the effective batch, checkpointing, memory, and what "loss" means."""
+def training_header(trainer, kind, block_size):
+    """The lines that say what a run does: the effective batch, checkpointing, memory, and what "loss" means.
+
+    kind: the model's row of KINDS; block_size: the sequences' length (an LSTM's checkpointed chain).
+    """
     args, world = trainer.args, trainer.world_size
     lines = [
         f"training: {trainer.total_steps} optimizer steps, each of {args.effective_batch_size * world} examples "
         f"(the effective batch) = {args.per_device_train_batch_size} per micro-batch x "
         f"{_plural(args.gradient_accumulation_steps, 'accumulation step')} x {_plural(world, 'process', 'processes')}",
-        f"checkpointing: {_checkpointing_in_force(trainer.model, args.gradient_checkpointing_kwargs)}",
+        f"checkpointing: {_checkpointing_in_force(trainer.model, args.gradient_checkpointing_kwargs, kind.chain, block_size)}",
         f"precision: {_precision(trainer)}",
         "memory: 'mem' in a log line is what the process holds then (parameters, gradients, optimizer state, "
         "accumulation buffers, activations), 'peak' the most since training started" if world == 1 else
@@ -287,8 +433,9 @@ def training_header(trainer):
     if args.logging_steps:
         every = "every optimizer step" if args.logging_steps == 1 else f"every {args.logging_steps} optimizer steps"
         lines.append(f"logging: {every}{' and after the first' if args.logging_first_step and args.logging_steps > 1 else ''}; "
-                     "'loss' is the mean per token over the optimizer steps since the previous log line, "
-                     "in the log lines and in the progress bar")
+                     f"'loss' is the mean per {kind.item} over the optimizer steps since the previous log line, "
+                     "in the log lines and in the progress bar"
+                     + ("" if "input_ids" in trainer.train_dataset[0] else f"; 'tok/s' counts {kind.item}s"))
     return lines
 
 
@@ -303,33 +450,41 @@ def _precision(trainer):
     scaling = (f"the loss scaled by {trainer.scaler.get_scale():g} (GradScaler; a step whose gradients overflow is "
                "skipped and the scale halved)" if trainer.scaler.enabled else
                "no loss scaling (bfloat16 has float32's exponent range)")
-    return (f"mixed, {low}: {kept}; matrix products (Linear, the attention products) and what they save in {low}; "
-            f"layer norm, softmax and the loss in float32; {scaling}")
+    return (f"mixed, {low}: {kept}; the ops on autocast's lower-precision list ({', '.join(sorted(autocast.LOWER))}) "
+            f"and what they save in {low}; those on its float32 list (layer norm, softmax, the loss, ...) in float32; "
+            f"{scaling}")
 
 
-def _checkpointing_in_force(model, kwargs):
+def _checkpointing_in_force(model, kwargs, unit, block_size):
     """What the model's gradient checkpointing was switched to (the Trainer switches it on), in words.
 
-    kwargs: TrainingArguments.gradient_checkpointing_kwargs, for the name the policy was given by.
+    kwargs: TrainingArguments.gradient_checkpointing_kwargs, for the name the policy was given by;
+    unit: what the chain's links are (a Kind's chain); block_size: the length of an LSTM's chain, its time steps.
     """
+    if isinstance(model, LSTMLanguageModel):  # it checkpoints its LSTM through time
+        model = model.lstm
     segments = getattr(model, "checkpoint_segments", None)
     if segments is None:
         return "off: every activation is kept for backward (--gradient-checkpointing recomputes instead)"
-    chain = model.checkpoint_chain()
-    split = getattr(model, "checkpoint_split_blocks", False)
-    unit = "half blocks (each block's attention and feed-forward apart)" if split else "blocks"
+    length = block_size if isinstance(model, LSTM) else len(model.checkpoint_chain())
+    if getattr(model, "checkpoint_split_blocks", False):
+        unit = "half blocks (each block's attention and feed-forward apart)"
     if segments == "every":
-        cut = f"each of the {len(chain)} {unit} is a segment"
+        cut = f"each of the {length} {unit} is a segment"
     else:
         given = str(segments) if isinstance(segments, schedules.Plan) else repr(segments)
-        n = len(schedules.segment_bounds(len(chain), segments))
-        cut = f"{_plural(n, 'segment')} (segments={given}) of the {len(chain)} {unit}"
+        n = len(schedules.segment_bounds(length, segments))
+        cut = f"{_plural(n, 'segment')} (segments={given}) of the {length} {unit}"
     policy = getattr(model, "checkpoint_policy", None)
     if policy is None:
         return f"{cut}; a segment keeps only its input, and recomputes all of its inside in backward"
     name = (kwargs or {}).get("policy")
     name = name if isinstance(name, str) else getattr(policy, "__name__", repr(policy))
     return f"{cut}; policy {name}: a segment keeps what the policy saves, and recomputes the rest in backward"
+
+
+def _flag_list(flags):
+    return ", ".join("--" + flag.replace("_", "-") for flag in flags)
 
 
 def _plural(n, word, plural=None):
@@ -343,7 +498,8 @@ def build_parser():
                     "and watch the memory.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    train = commands.add_parser("train", help="train a character-level GPT (embedded data by default)",
+    train = commands.add_parser("train", help="train a character-level GPT (embedded data by default), or --model lstm, "
+                                "encoder, cnn, mlp",
                                 description=run_train.__doc__, epilog=_defaults_epilog())
     add_train_arguments(train)
     train.set_defaults(run=run_train)

@@ -1,4 +1,4 @@
-"""The embedded data set, a character tokenizer, batching, and the encoder's generated task.
+"""The embedded data set, a character tokenizer, batching, and the generated tasks of the other models.
 
 What lives here, in the order a training run uses it:
 
@@ -18,8 +18,12 @@ What lives here, in the order a training run uses it:
 errors for a missing, empty or too-short file. The language models (the
 GPT, the LSTM) learn from it.
 
-The encoder (nn.Encoder, a classifier) has a task of its own, generated
-from a seed: `majority_token_task(n)` -> (input_ids (n, T), labels (n,)).
+The models that do not read text have small tasks of their own, generated
+from a seed (nothing downloaded, the same arrays on every machine): the MLP's
+`curve_task(n)` (tutorial 2's curve, y = sin(2x) + noise), the CNN's
+`stripes_task(n)` (which way an image's stripes run) and the encoder's
+`majority_token_task(n)` (which token a sequence holds most often);
+`array_examples(...)` makes examples of their arrays, for `stack_collate`.
 
 The default text (`assets/shakespeare.txt`, 390 KB, four plays; see
 `assets/README.md` for its source and licence) ships inside the package, so
@@ -320,7 +324,7 @@ def collate(examples, pad_id=0):
     return {"input_ids": input_ids, "labels": labels}
 
 
-# -- a generated task for the encoder -------------------------------------------------
+# -- generated tasks for the models that do not read text -----------------------------
 def majority_token_task(n_examples, seq_len=16, vocab_size=8, seed=0):
     """The encoder's small task (nn.Encoder), generated: which token appears most often in a sequence?
 
@@ -340,3 +344,57 @@ def majority_token_task(n_examples, seq_len=16, vocab_size=8, seed=0):
     ids = numpy.where(rng.random((n_examples, seq_len)) < 0.3, favourite, ids)  # (n, T)
     counts = (ids[:, :, None] == numpy.arange(vocab_size)).sum(axis=1)  # (n, vocab_size): each token's count
     return ids.astype(numpy.int64), counts.argmax(axis=1).astype(numpy.int64)  # argmax: the first on a tie
+
+
+def curve_task(n_examples, seed=0):
+    """The MLP's small task (tutorial 2's curve), generated: y = sin(2x) + noise, for x drawn from [-3, 3].
+
+    Returns (x (n_examples, 1), y (n_examples, 1)), float32; the noise has
+    standard deviation 0.1, so a model that has learned the curve has a mean
+    squared error near 0.01. The seed alone decides the arrays.
+    """
+    if n_examples < 1:
+        raise ValueError(f"curve_task needs n_examples >= 1, got {n_examples}")
+    rng = numpy.random.default_rng(seed)
+    x = rng.uniform(-3, 3, (n_examples, 1))
+    y = numpy.sin(2 * x) + 0.1 * rng.standard_normal(x.shape)
+    return x.astype(numpy.float32), y.astype(numpy.float32)
+
+
+def stripes_task(n_examples, image_size=32, n_classes=10, seed=0):
+    """The CNN's small task, generated: which way do an image's stripes run?
+
+    Returns (images (n_examples, 3, S, S) float32, labels (n_examples,) int64).
+    Image b is a colour grating, cos(2 pi f (u cos a + v sin a) + phase) over
+    the image's coordinates u, v in [0, 1), at the angle a = label pi /
+    n_classes (so the classes are n_classes directions, 180 degrees apart
+    at most), with a frequency f of 2 to 5 stripes across the image, a phase
+    and a colour drawn at random, plus noise of standard deviation 0.5. No
+    single pixel tells the answer: a convolution's neighbourhoods do. The
+    seed alone decides the arrays.
+    """
+    if n_examples < 1 or image_size < 1 or n_classes < 2:
+        raise ValueError(f"stripes_task needs n_examples >= 1, image_size >= 1 and n_classes >= 2, got "
+                         f"{n_examples}, {image_size}, {n_classes}")
+    rng = numpy.random.default_rng(seed)
+    labels = rng.integers(0, n_classes, n_examples)
+    angle = (labels * numpy.pi / n_classes)[:, None, None]  # (n, 1, 1)
+    u = numpy.arange(image_size) / image_size  # (S,): the coordinates
+    along = numpy.cos(angle) * u[None, None, :] + numpy.sin(angle) * u[None, :, None]  # (n, S, S): across the stripes
+    frequency, phase = rng.uniform(2, 5, (n_examples, 1, 1)), rng.uniform(0, 2 * numpy.pi, (n_examples, 1, 1))
+    wave = numpy.cos(2 * numpy.pi * frequency * along + phase)  # (n, S, S)
+    colour = rng.uniform(-1, 1, (n_examples, 3, 1, 1))  # each channel's share of the grating
+    images = colour * wave[:, None] + 0.5 * rng.standard_normal((n_examples, 3, image_size, image_size))
+    return images.astype(numpy.float32), labels.astype(numpy.int64)
+
+
+def array_examples(**arrays):
+    """Examples from arrays of equal length along their first axis: example i is {name: array[i]}.
+
+    For the generated tasks above and any arrays of features: a list, so
+    `train_val_split` splits it and `stack_collate` batches it.
+    """
+    lengths = {name: len(array) for name, array in arrays.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"array_examples: the arrays must have one length, got {lengths}")
+    return [{name: array[i] for name, array in arrays.items()} for i in range(len(next(iter(arrays.values()))))]
