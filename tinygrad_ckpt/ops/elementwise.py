@@ -169,38 +169,22 @@ class Where(Function):
     """out = condition ? a : b;  da = g where condition, db = g elsewhere.
 
     `condition` is a boolean array (not differentiable). Saves it (1 byte per element).
-
-    Each side is written as a copy, then a masked copy (`copyto(..., where=)`):
-    the same values as `xp.where`, in half its time on the attention's causal
-    mask (NumPy's where reads three arrays and picks per element; a copy and a
-    masked copy stream).
     """
 
     @staticmethod
     def forward(ctx, a, b, condition):
-        xp = array_module(a, b, condition)
         ctx.shapes = a.shape, b.shape
         ctx.save_for_backward(condition)
-        out = xp.empty(numpy.broadcast_shapes(a.shape, b.shape, condition.shape), dtype=numpy.result_type(a.dtype, b.dtype))
-        out[...] = b
-        xp.copyto(out, a, where=condition)
-        return out
+        return array_module(a, b, condition).where(condition, a, b)
 
     @staticmethod
     def backward(ctx, g):
         (condition,) = ctx.saved_arrays
         sa, sb = ctx.shapes
         need_a, need_b = ctx.needs_input_grad
-        xp = array_module(g)  # g has the output's shape: a, b and condition broadcast together
-        da = db = None
-        if need_a:  # g where condition, 0 elsewhere
-            da = xp.zeros_like(g)
-            xp.copyto(da, g, where=condition)
-            da = unbroadcast(da, sa)
-        if need_b:  # 0 where condition, g elsewhere
-            db = g.copy()
-            xp.copyto(db, g.dtype.type(0), where=condition)
-            db = unbroadcast(db, sb)
+        xp, zero = array_module(g), g.dtype.type(0)  # g has the output's shape: a, b and condition broadcast together
+        da = unbroadcast(xp.where(condition, g, zero), sa) if need_a else None
+        db = unbroadcast(xp.where(condition, zero, g), sb) if need_b else None
         return da, db
 
 
