@@ -366,16 +366,17 @@ class GELU(Function):
     Saves x only; backward recomputes t, which is cheaper in memory than
     saving it (one array instead of two).
 
-    Written for speed and memory: `a * b + c` in NumPy makes a new array per
-    operator. Here each step updates one array in place (`*=`, `out=`), so
-    forward makes one new array, its result. Backward needs two scratch
-    arrays besides its result; it works through x in pieces (on the CPU), so
-    the scratch arrays are small and stay in cache, where two arrays the size
-    of x would add to the step's peak memory (PyTorch 2.13's CPU
-    `gelu_backward` allocates its result only: tests/test_claims.py). (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`,
-    which cannot be updated in place.) A 16-bit x is computed in float32 (the
-    module docstring): forward works on a float32 copy, backward widens a piece at a time.
+    Fused in place (`*=`, `out=`), not written as the formula, which on W2's
+    step takes about 10% more time and 16 MB more of a 96 MB peak of NumPy
+    buffers (one piece: 7 MB; benchmarks/lesson_speed.py): forward makes one new array, its
+    result; backward two scratch arrays besides it, `piece` elements at a time
+    on the CPU, where they stay in cache (PyTorch 2.13's CPU `gelu_backward`
+    allocates its result only: tests/test_claims.py). A 16-bit x is computed
+    in float32 (the module docstring), a piece at a time in backward.
+    (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`.)
     """
+
+    piece = 1 << 15  # elements: 128 KiB of float32 per scratch array; on a GPU one piece (a launch per step costs)
 
     @staticmethod
     def forward(ctx, x):
@@ -399,15 +400,11 @@ class GELU(Function):
         xp = array_module(x)
         dx = xp.empty(x.shape, dtype=x.dtype)
         flat_x, flat_g, flat_dx = x.reshape(-1), g.reshape(-1), dx.reshape(-1)  # views
-        # On a GPU one piece: there each step is a kernel launch, and launches cost.
-        piece = _GELU_PIECE if on_cpu(x) else max(x.size, 1)
+        piece = GELU.piece if on_cpu(x) else max(x.size, 1)
         for i in range(0, x.size, piece):
             # 16-bit pieces are widened here, a piece at a time; dx rounds once, when the piece is written
             _gelu_backward(xp, wide(flat_x[i:i + piece]), wide(flat_g[i:i + piece]), flat_dx[i:i + piece])
         return dx
-
-
-_GELU_PIECE = 1 << 15  # elements: 128 KiB of float32 per scratch array
 
 
 def _gelu_backward(xp, x, g, dx):
