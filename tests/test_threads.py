@@ -94,9 +94,15 @@ def test_train_threads_sets_the_training_steps_threads(monkeypatch, tmp_path, ca
                      "--block-size", "16", "--max-steps", "1", "--sample-chars", "0", "--disable-tqdm",
                      "--threads", "2"]) == 0
     assert seen["training"] == {2}
-    with pytest.raises(SystemExit) as exit:  # argparse's own refusal of a flag's value
-        cli.main(["train", "--threads", "0"])
-    assert exit.value.code == 2 and "argument --threads: must be at least 1, got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "verify", "bench"])
+@pytest.mark.parametrize("bad", ["0", "-1", "1.5", "two"])
+def test_every_command_refuses_a_bad_thread_count_alike(command, bad, capsys):
+    with pytest.raises(SystemExit) as exit:  # argparse's own refusal of a flag's value, as for every other flag
+        cli.main([command, "--threads", bad])
+    assert exit.value.code == 2
+    assert f"argument --threads: must be an integer of at least 1, got '{bad}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag, expected", [([], 1), (["--threads", "2"], 2)])
@@ -110,9 +116,3 @@ def test_verify_runs_on_its_threads(flag, expected, monkeypatch, capsys):
     monkeypatch.setattr(verify, "_run", run)
     assert cli.main(["verify", "--no-mpi", *flag]) == 0
     assert seen["threads"] == {expected}
-
-
-def test_verify_refuses_a_thread_count_below_one(capsys):
-    assert cli.main(["verify", "--threads", "0"]) == 2
-    assert re.fullmatch(r"tinygrad-ckpt verify: error: --threads must be an integer of at least 1, got 0\n",
-                        capsys.readouterr().err)

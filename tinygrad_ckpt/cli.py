@@ -44,7 +44,7 @@ from .distributed import DistributedError, abort_if_running, from_environment
 from .nn import GPT, GPTConfig
 from .nn.module import LoadStateDictError
 from .testing import verify
-from .threads import limited_threads
+from .threads import limited_threads, thread_count
 from .train import TrainingArguments, Trainer
 
 # The default run: a 3-layer character GPT (348k parameters) on the embedded
@@ -93,7 +93,7 @@ def add_train_arguments(parser):
     model.add_argument("--n-embd", type=_positive_int, default=d["n_embd"], help="embedding width (default: %(default)s)")
     model.add_argument("--dropout", type=_probability, default=d["dropout"], help="dropout probability (default: %(default)s)")
     model.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="'cuda' needs CuPy and a GPU (default: %(default)s)")
-    model.add_argument("--threads", type=_positive_int, default=None,
+    model.add_argument("--threads", type=thread_count, default=None,
                        help="BLAS threads for training (default: BLAS's own, one per core; on a busy machine 1 is "
                             "faster: benchmarks/README.md, 'On a busy machine'); sampling always runs on one")
 
