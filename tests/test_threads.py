@@ -1,10 +1,13 @@
 """The one thread limiter (threads.py): it limits every BLAS pool and lifts the limit after; train samples and
 verify runs under it; no other module limits threads its own way."""
 
+import argparse
 import pathlib
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
 from tinygrad_ckpt import cli, threads
@@ -94,6 +97,15 @@ def test_train_threads_sets_the_training_steps_threads(monkeypatch, tmp_path, ca
                      "--block-size", "16", "--max-steps", "1", "--sample-chars", "0", "--disable-tqdm",
                      "--threads", "2"]) == 0
     assert seen["training"] == {2}
+
+
+@given(st.integers(-10**6, 10**6))
+def test_thread_count_takes_exactly_the_integers_of_at_least_one(n):
+    if n >= 1:
+        assert threads.thread_count(str(n)) == n
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"got '{n}'"):
+            threads.thread_count(str(n))
 
 
 @pytest.mark.parametrize("command", ["train", "verify", "bench"])

@@ -38,8 +38,8 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def thread_count(text):
-    """The type of train's and verify's --threads: an integer of at least 1, or argparse's error saying so."""
-    if not text.strip().isdigit() or int(text) < 1:
+    """The type of train's, verify's and bench's --threads: an integer of at least 1, or argparse's error saying so."""
+    if not text.strip().isdecimal() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer of at least 1, got {text!r}")
     return int(text)
 
