@@ -367,13 +367,13 @@ class GELU(Function):
     saving it (one array instead of two).
 
     Fused in place (`*=`, `out=`), not written as the formula, which on W2's
-    step takes about 10% more time and 16 MB more of a 96 MB peak of NumPy
-    buffers (one piece: 7 MB; benchmarks/lesson_speed.py): forward makes one new array, its
-    result; backward two scratch arrays besides it, `piece` elements at a time
-    on the CPU, where they stay in cache (PyTorch 2.13's CPU `gelu_backward`
-    allocates its result only: tests/test_claims.py). A 16-bit x is computed
-    in float32 (the module docstring), a piece at a time in backward.
-    (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`.)
+    step takes a tenth more time and 16 MB more on its 96 MB peak (tracemalloc)
+    (one piece: 7 MB; benchmarks/lesson_speed.py): forward makes one new
+    array, its result; backward two scratch arrays besides it, `piece`
+    elements at a time on the CPU, where they stay in cache (PyTorch 2.13's
+    CPU `gelu_backward` allocates its result only: tests/test_claims.py).
+    A 16-bit x is computed in float32 (the module docstring), a piece at a
+    time in backward. (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`.)
     """
 
     piece = 1 << 15  # elements: 128 KiB of float32 per scratch array; on a GPU one piece (a launch per step costs)
