@@ -21,7 +21,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, activations, cli, fit, memory, meta, policies, tape
+from tinygrad_ckpt import Tensor, activations, cli, fit, memory, meta, policies
 from tinygrad_ckpt.data import stack_collate
 from tinygrad_ckpt.nn import (
     CNN, GPT, MLP, CNNConfig, Encoder, EncoderConfig, GPTConfig, Linear, LSTMConfig, LSTMLanguageModel, Module,
@@ -344,9 +344,6 @@ def test_plan_training_s_table_is_the_same_with_the_shortcut_and_without(model, 
 def traced(trainer):
     """tracemalloc's peak over trainer.train(): every NumPy buffer and Python object the step makes."""
     gc.collect()
-    # The records' shared metadata (tape.shared) starts empty, as in a fresh process: filled by
-    # earlier tests, its growth inside the step (a dict resize) would differ from one run to the next.
-    tape._SHARED.clear()
     tracemalloc.start()
     try:
         trainer.train()

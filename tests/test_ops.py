@@ -150,9 +150,9 @@ def test_gelu_is_the_tanh_approximation():
 def test_gelu_backward_in_pieces_is_the_derivative():
     # More elements than one piece of GELU's backward (it works through x in
     # pieces), and a remainder, against the derivative written out in float64.
-    from tinygrad_ckpt.ops.elementwise import _GELU_PIECE
+    from tinygrad_ckpt.ops.elementwise import GELU
 
-    x = numpy.linspace(-5, 5, 2 * _GELU_PIECE + 7).reshape(-1, 1)
+    x = numpy.linspace(-5, 5, 2 * GELU.piece + 7).reshape(-1, 1)
     g = numpy.cos(x)
     xt = Tensor(x, requires_grad=True)
     F.gelu(xt).backward(Tensor(g))

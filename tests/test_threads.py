@@ -1,10 +1,13 @@
 """The one thread limiter (threads.py): it limits every BLAS pool and lifts the limit after; train samples and
 verify runs under it; no other module limits threads its own way."""
 
+import argparse
 import pathlib
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
 from tinygrad_ckpt import cli, threads
@@ -94,9 +97,24 @@ def test_train_threads_sets_the_training_steps_threads(monkeypatch, tmp_path, ca
                      "--block-size", "16", "--max-steps", "1", "--sample-chars", "0", "--disable-tqdm",
                      "--threads", "2"]) == 0
     assert seen["training"] == {2}
-    with pytest.raises(SystemExit) as exit:  # argparse's own refusal of a flag's value
-        cli.main(["train", "--threads", "0"])
-    assert exit.value.code == 2 and "argument --threads: must be at least 1, got '0'" in capsys.readouterr().err
+
+
+@given(st.integers(-10**6, 10**6))
+def test_thread_count_takes_exactly_the_integers_of_at_least_one(n):
+    if n >= 1:
+        assert threads.thread_count(str(n)) == n
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"got '{n}'"):
+            threads.thread_count(str(n))
+
+
+@pytest.mark.parametrize("command", ["train", "verify", "bench"])
+@pytest.mark.parametrize("bad", ["0", "-1", "1.5", "two"])
+def test_every_command_refuses_a_bad_thread_count_alike(command, bad, capsys):
+    with pytest.raises(SystemExit) as exit:  # argparse's own refusal of a flag's value, as for every other flag
+        cli.main([command, "--threads", bad])
+    assert exit.value.code == 2
+    assert f"argument --threads: must be an integer of at least 1, got '{bad}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag, expected", [([], 1), (["--threads", "2"], 2)])
@@ -110,9 +128,3 @@ def test_verify_runs_on_its_threads(flag, expected, monkeypatch, capsys):
     monkeypatch.setattr(verify, "_run", run)
     assert cli.main(["verify", "--no-mpi", *flag]) == 0
     assert seen["threads"] == {expected}
-
-
-def test_verify_refuses_a_thread_count_below_one(capsys):
-    assert cli.main(["verify", "--threads", "0"]) == 2
-    assert re.fullmatch(r"tinygrad-ckpt verify: error: --threads must be an integer of at least 1, got 0\n",
-                        capsys.readouterr().err)

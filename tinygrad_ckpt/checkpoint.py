@@ -473,8 +473,7 @@ class _Segment:
         parameter = f"a parameter read by checkpoint segment '{self.name}' (call backward before optimizer.step())"
         computed = f"a tensor checkpoint segment '{self.name}' read from outside it"
         for t, v in zip(self.outer, self.outer_versions):
-            entries.append((t._version_counter, v, parameter if t.is_leaf else computed,
-                            tape.shared((t.dtype, t.shape))))
+            entries.append((t._version_counter, v, parameter if t.is_leaf else computed, (t.dtype, t.shape)))
         return tuple(entries)
 
     def stand_ins(self, saved):

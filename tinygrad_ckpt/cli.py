@@ -51,7 +51,7 @@ from .nn import CNN, GPT, LSTM, MLP, CNNConfig, Encoder, EncoderConfig, GPTConfi
 from .nn.module import LoadStateDictError
 from .tensor import Tensor
 from .testing import verify
-from .threads import limited_threads
+from .threads import limited_threads, thread_count
 from .train import TrainingArguments, Trainer
 
 # The default run: a 3-layer character GPT (348k parameters) on the embedded
@@ -210,7 +210,7 @@ def add_train_arguments(parser):
     model.add_argument("--widths", type=_widths, help=_taken_by("widths", "the CNN's stages, by their channels"))
     model.add_argument("--dropout", type=_probability, help=_taken_by("dropout", "dropout probability"))
     model.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="'cuda' needs CuPy and a GPU (default: %(default)s)")
-    model.add_argument("--threads", type=_positive_int, default=None,
+    model.add_argument("--threads", type=thread_count, default=None,
                        help="BLAS threads for training (default: BLAS's own, one per core; on a busy machine 1 is "
                             "faster: benchmarks/README.md, 'On a busy machine'); sampling always runs on one")
 

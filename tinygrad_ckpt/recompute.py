@@ -76,13 +76,12 @@ class OpNote:
         self.op, self.name = op, op.__name__
         self.device = backend.device_of(outs[0]) if outs else None
         self.inputs = origins  # per input array: ("op", j, k), ("input", s), ("outer", c) or None (a constant)
-        # Shared tuples (tape.shared): the notes of a chain of like layers hold one copy of each.
-        self.input_meta = tape.shared(tuple((tuple(a.shape), a.dtype) for a in arrays))
-        self.saved = tape.shared(tuple(None if a is None else where_in_call(a, arrays, options, outs) or ("new",)
-                                       for a in ctx.saved_arrays))
-        self.saved_meta = tape.shared(tuple(None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays))
-        self.shapes = tape.shared(tuple(tuple(o.shape) for o in outs))
-        self.dtypes = tape.shared(tuple(o.dtype for o in outs))
+        self.input_meta = tuple((tuple(a.shape), a.dtype) for a in arrays)
+        self.saved = tuple(None if a is None else where_in_call(a, arrays, options, outs) or ("new",)
+                           for a in ctx.saved_arrays)
+        self.saved_meta = tuple(None if a is None else (tuple(a.shape), a.dtype) for a in ctx.saved_arrays)
+        self.shapes = tuple(tuple(o.shape) for o in outs)
+        self.dtypes = tuple(o.dtype for o in outs)
         self.multiple = isinstance(out, tuple)
         self.needs_input_grad = tuple(ctx.needs_input_grad)
         self.node = None  # its record (ctx and hooks), if it made one

@@ -99,12 +99,12 @@ class Node:
         self.ctx = ctx
         self.edges = tuple(_edge(t) for t in inputs)  # strong: the graph backward walks
         self._inputs = tuple(weakref.ref(t) for t in inputs)
-        self.input_shapes = shared(tuple(t.shape for t in inputs))
-        self.input_dtypes = shared(tuple(t.dtype for t in inputs))  # what each input's gradient must be
+        self.input_shapes = tuple(t.shape for t in inputs)
+        self.input_dtypes = tuple(t.dtype for t in inputs)  # what each input's gradient must be
         # Weak: the outputs own this record, not the other way round.
         self.outputs = tuple(weakref.ref(t) for t in outputs)
-        self.shapes = shared(tuple(t.shape for t in outputs))
-        self.dtypes = shared(tuple(t.dtype for t in outputs))
+        self.shapes = tuple(t.shape for t in outputs)
+        self.dtypes = tuple(t.dtype for t in outputs)
         for t in outputs:
             t._node = self
             t._recorded_version = t._version_counter.value  # what this record computed
@@ -192,7 +192,9 @@ class Tape:
         node.tape, node.index = self, self.count
         self.count += 1
         self.records.append(weakref.ref(node))
-        if len(self.records) >= self._next_prune:  # forget dead references now and then
+        # Forget dead references, so a forward never backpropagated leaves nothing behind; after the list
+        # doubles, so appending stays O(1) on a long forward (benchmarks/lesson_speed.py: what it buys).
+        if len(self.records) >= self._next_prune:
             self.records = [r for r in self.records if r() is not None]
             self._next_prune = 2 * len(self.records) + 1024
 
@@ -672,28 +674,12 @@ def _raise_hook_wrote(what, hook):
         "which will be used in its place: return grad * 10, not grad.mul_(10)") from None
 
 
-# -- shared metadata -----------------------------------------------------------
-# Every record keeps the shapes and dtypes of its inputs and outputs, and a
-# checkpoint's notes keep more (recompute.py). Along a chain of like layers
-# these are the same few tuples again and again, and they live from forward
-# to backward: one copy of each keeps the tape's Python objects small beside
-# its arrays (what tracemalloc counts of a step, and PyTorch's C++ graph
-# does not spend).
-_SHARED = {}
-
-
-def shared(value):
-    """The one copy of this tuple of metadata (shapes, dtypes) that records and notes hold."""
-    if len(_SHARED) > 4096:  # a long-lived process that meets ever new shapes: start over
-        _SHARED.clear()
-    return _SHARED.setdefault(value, value)
-
-
 # -- placeholders: what a recompute hands on for an op it does not run --------------
 # A checkpoint's recompute skips ops whose results backward does not need
 # (recompute.py). The code of the segment still runs around them, so each
 # skipped op hands on placeholder arrays of the right shape and dtype: a
-# zero-stride broadcast of one NaN (no memory), read-only. Reading their
+# zero-stride broadcast of one NaN, read-only: no memory, where full arrays
+# would raise the step's peak (benchmarks/lesson_speed.py). Reading their
 # values through a Tensor (item(), numpy(), a comparison, an index...) raises
 # PlaceholderRead, and the checkpoint then recomputes the segment in full.
 _placeholder_bases = weakref.WeakValueDictionary()  # id(0-d base) -> base, for the placeholders alive

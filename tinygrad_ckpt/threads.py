@@ -27,6 +27,7 @@ line and the instruments choose: cli.py, bench/, testing/verify.py), the
 description of the machine (bench/machine.py).
 """
 
+import argparse
 import os
 import sys
 from contextlib import contextmanager
@@ -36,11 +37,11 @@ from threadpoolctl import threadpool_info, threadpool_limits
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def check_threads(n, flag="threads"):
-    """n if it is a thread count (an int of at least 1), else ValueError naming `flag`."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{flag} must be an integer of at least 1, got {n!r}")
-    return n
+def thread_count(text):
+    """The type of train's, verify's and bench's --threads: an integer of at least 1, or argparse's error saying so."""
+    if not text.strip().isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least 1, got {text!r}")
+    return int(text)
 
 
 @contextmanager
@@ -55,8 +56,8 @@ def limited_threads(n):
     not at n. Costs one look at the loaded libraries (about a millisecond):
     wrap a loop, not each product in it.
     """
-    if n is not None:
-        check_threads(n)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"threads must be an integer of at least 1, got {n!r}")
     info = {"requested": n, "environment": {k: os.environ.get(k) for k in THREAD_VARIABLES},
             "threadpoolctl": None, "torch": None}
     torch = sys.modules.get("torch")  # only a library that is already imported has threads to limit

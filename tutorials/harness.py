@@ -225,6 +225,7 @@ def setup(namespace):
     workdir = namespace.get("__workdir__")
     if workdir is None:
         workdir = namespace["__scratch__"] = tempfile.mkdtemp(prefix="tutorial-")
+        os.mkdir(os.path.join(workdir, "figures"))  # where the tutorials draw, as in tutorials/
     os.chdir(workdir)
 
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, replace
 
 from .. import allocator, backend, random, serialization
-from ..threads import limited_threads
+from ..threads import limited_threads, thread_count
 from . import compare, kinds, machine, profile, strategies, workloads
 from .report import write_json, write_text
 
@@ -55,7 +55,7 @@ def add_arguments(parser):
                         help="a smaller set: W1 depth 8 and 16, W2 4 blocks, three W3 splits")
     parser.add_argument("--output-dir", default="bench-out", metavar="DIR",
                         help="where bench.json, bench.md, the PNG plots and report.html go (default: bench-out)")
-    parser.add_argument("--threads", type=int, default=2, help="BLAS threads (default 2; see the notes printed)")
+    parser.add_argument("--threads", type=thread_count, default=2, help="BLAS threads (default 2; see the notes printed)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed steps per row, after one warm-up step (default 5; the median is reported)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables and JSON only (no PNGs, no report.html)")
@@ -88,8 +88,6 @@ def run(args):
     name = "tiny" if args.tiny else "quick" if args.quick else "full"
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
-    if args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     serialization.check_writable(args.output_dir)  # now, not after the first table
     if args.compare + args.profile + args.kinds > 1:
         raise ValueError("--compare, --profile and --kinds are separate runs: choose one")

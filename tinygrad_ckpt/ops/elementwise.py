@@ -169,38 +169,22 @@ class Where(Function):
     """out = condition ? a : b;  da = g where condition, db = g elsewhere.
 
     `condition` is a boolean array (not differentiable). Saves it (1 byte per element).
-
-    Each side is written as a copy, then a masked copy (`copyto(..., where=)`):
-    the same values as `xp.where`, in half its time on the attention's causal
-    mask (NumPy's where reads three arrays and picks per element; a copy and a
-    masked copy stream).
     """
 
     @staticmethod
     def forward(ctx, a, b, condition):
-        xp = array_module(a, b, condition)
         ctx.shapes = a.shape, b.shape
         ctx.save_for_backward(condition)
-        out = xp.empty(numpy.broadcast_shapes(a.shape, b.shape, condition.shape), dtype=numpy.result_type(a.dtype, b.dtype))
-        out[...] = b
-        xp.copyto(out, a, where=condition)
-        return out
+        return array_module(a, b, condition).where(condition, a, b)
 
     @staticmethod
     def backward(ctx, g):
         (condition,) = ctx.saved_arrays
         sa, sb = ctx.shapes
         need_a, need_b = ctx.needs_input_grad
-        xp = array_module(g)  # g has the output's shape: a, b and condition broadcast together
-        da = db = None
-        if need_a:  # g where condition, 0 elsewhere
-            da = xp.zeros_like(g)
-            xp.copyto(da, g, where=condition)
-            da = unbroadcast(da, sa)
-        if need_b:  # 0 where condition, g elsewhere
-            db = g.copy()
-            xp.copyto(db, g.dtype.type(0), where=condition)
-            db = unbroadcast(db, sb)
+        xp, zero = array_module(g), g.dtype.type(0)  # g has the output's shape: a, b and condition broadcast together
+        da = unbroadcast(xp.where(condition, g, zero), sa) if need_a else None
+        db = unbroadcast(xp.where(condition, zero, g), sb) if need_b else None
         return da, db
 
 
@@ -382,16 +366,17 @@ class GELU(Function):
     Saves x only; backward recomputes t, which is cheaper in memory than
     saving it (one array instead of two).
 
-    Written for speed and memory: `a * b + c` in NumPy makes a new array per
-    operator. Here each step updates one array in place (`*=`, `out=`), so
-    forward makes one new array, its result. Backward needs two scratch
-    arrays besides its result; it works through x in pieces (on the CPU), so
-    the scratch arrays are small and stay in cache, where two arrays the size
-    of x would add to the step's peak memory (PyTorch 2.13's CPU
-    `gelu_backward` allocates its result only: tests/test_claims.py). (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`,
-    which cannot be updated in place.) A 16-bit x is computed in float32 (the
-    module docstring): forward works on a float32 copy, backward widens a piece at a time.
+    Fused in place (`*=`, `out=`), not written as the formula, which on W2's
+    step takes a tenth more time and 16 MB more on its 96 MB peak (tracemalloc)
+    (one piece: 7 MB; benchmarks/lesson_speed.py): forward makes one new
+    array, its result; backward two scratch arrays besides it, `piece`
+    elements at a time on the CPU, where they stay in cache (PyTorch 2.13's
+    CPU `gelu_backward` allocates its result only: tests/test_claims.py).
+    A 16-bit x is computed in float32 (the module docstring), a piece at a
+    time in backward. (`as_array`: for a 0-d x, NumPy returns a scalar from `x * x`.)
     """
+
+    piece = 1 << 15  # elements: 128 KiB of float32 per scratch array; on a GPU one piece (a launch per step costs)
 
     @staticmethod
     def forward(ctx, x):
@@ -415,15 +400,11 @@ class GELU(Function):
         xp = array_module(x)
         dx = xp.empty(x.shape, dtype=x.dtype)
         flat_x, flat_g, flat_dx = x.reshape(-1), g.reshape(-1), dx.reshape(-1)  # views
-        # On a GPU one piece: there each step is a kernel launch, and launches cost.
-        piece = _GELU_PIECE if on_cpu(x) else max(x.size, 1)
+        piece = GELU.piece if on_cpu(x) else max(x.size, 1)
         for i in range(0, x.size, piece):
             # 16-bit pieces are widened here, a piece at a time; dx rounds once, when the piece is written
             _gelu_backward(xp, wide(flat_x[i:i + piece]), wide(flat_g[i:i + piece]), flat_dx[i:i + piece])
         return dx
-
-
-_GELU_PIECE = 1 << 15  # elements: 128 KiB of float32 per scratch array
 
 
 def _gelu_backward(xp, x, g, dx):

@@ -51,7 +51,7 @@ from ..nn import GPT, MLP, GPTConfig
 from ..policies import BY_NAME
 from ..schedules import describe, measure_layers, minimum_budget, plan_checkpoints, predict, revolve
 from ..tensor import Tensor
-from ..threads import check_threads, limited_threads
+from ..threads import limited_threads, thread_count
 from .equivalence import check_accumulation, check_checkpoint, tolerance
 
 DESCRIPTION = """Check that every checkpointing and accumulation strategy leaves the gradients as
@@ -84,7 +84,7 @@ def add_arguments(parser):
     run.add_argument("--device", default="cpu", help="'cpu' or 'cuda' (needs CuPy) (default: %(default)s)")
     run.add_argument("--seed", type=int, default=0, help="weights, data and dropout (default: %(default)s)")
     run.add_argument("--no-mpi", action="store_true", help="leave out the two-process row")
-    run.add_argument("--threads", type=int, default=1,
+    run.add_argument("--threads", type=thread_count, default=1,
                      help="BLAS threads; these models' products are too small to gain from more, and on a busy "
                           "machine more threads wait for each other (default: %(default)s)")
     run.add_argument("--data-parallel-worker", action="store_true", help=argparse.SUPPRESS)  # one rank of that row
@@ -100,7 +100,6 @@ def check_arguments(args):
         if value < least:
             why = " (the accumulation rows cut it into uneven micro-batches)" if flag == "--batch-size" else ""
             raise ValueError(f"{flag} must be at least {least}{why}, got {value}")
-    check_threads(args.threads, "--threads")
     if args.seed < 0:
         raise ValueError(f"--seed must be 0 or more (NumPy's generators take no negative seed), got {args.seed}")
     if args.n_embd % args.n_head:
