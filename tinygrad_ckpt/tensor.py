@@ -530,8 +530,8 @@ def _matmul(a, b):
 
 
 def _float(t):
-    """t, or t as float32 if it holds integers or bools."""
-    return t if t.dtype.kind in "fc" else t.to(dtype=_FLOAT_DEFAULT)
+    """t, or t as float32 if it holds integers or bools (bfloat16 is kind 'V', yet a float: it stays)."""
+    return t if t.dtype.kind == "c" or autocast.is_float(t.dtype) else t.to(dtype=_FLOAT_DEFAULT)
 
 
 def _no_bool_subtraction(tensor, other):

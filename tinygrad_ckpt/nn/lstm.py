@@ -107,7 +107,8 @@ def lstm_cell(x, h, c, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 
 def _dtype_fits(t, weight):
     """t's dtype is the parameters', or under autocast its 16-bit dtype (lstm_cell casts to it anyway)."""
-    return t.dtype in (weight.dtype, autocast.get_dtype())
+    low = autocast.get_dtype()  # None outside autocast (and numpy.dtype(None) is float64: compare only a dtype)
+    return t.dtype == weight.dtype or (low is not None and t.dtype == low)
 
 
 def _zeros(like, shape):
