@@ -1,0 +1,89 @@
+"""Observers: the one way to watch the engine run, for the timeline and every instrument.
+
+An observer is a subclass of `Observer` that overrides the moments it wants;
+`with MyObserver() as watcher:` puts it in force inside the block. Observers
+nest: every observer in force sees every moment, the outermost first.
+
+    run(name, phase, call)        around each op's computation: an op's forward
+                                  (phase "forward", or "recompute": a checkpoint's
+                                  forward run again in backward) and a record's
+                                  backward ("backward"); call() computes it and
+                                  returns its result, which run must return
+    on_op(event)                  after an op ran forward, a record's backward ran,
+                                  or a moment that is not an op ("mark": an
+                                  optimizer step); event is a dict: see below
+    on_track(buffer, category, new)
+                                  memory.track counted an array: its buffer
+                                  (.nbytes, and .category, which may change later)
+                                  became known (new) or gained a holder of
+                                  `category` (None: known only); the live bytes
+                                  by category are memory.tracker.current
+    on_free(buffer)               a buffer memory.py knew was freed (its
+                                  .category: the one it had last)
+    on_reset_peak()               memory.reset_peak(): a new peak measurement
+                                  starts (the Trainer's, as training starts)
+
+An event has "op" (the op's class name, or the mark's name), "phase"
+("forward", "backward", "recompute" or "update") and "kind" ("op",
+"backward" or "mark"); an op or backward on a tape adds "tape" and "record"
+(the tape's number and the record's index); an op put on a tape adds
+"saved" and "saved_parameters" (the bytes its record keeps for backward,
+parameters left out, and how many parameters it keeps besides); an op's
+forward adds "inputs" and "outputs", its arrays. An observer may read them
+during the call, not keep the arrays (it would keep them alive).
+
+This is PyTorch's design, made small: its dispatch modes
+(`TorchDispatchMode` in torch/utils/_python_dispatch.py, read at commit
+00c2d88: `with MyMode():` pushes a mode on a stack, and its
+`__torch_dispatch__(func, ...)` runs around each op and calls `func`) and
+its profiler's allocation events (`torch.profiler.profile(profile_memory=
+True)`, PyTorch 2.13: "track tensor memory allocation/deallocation").
+Observers watch; they never change what the engine computes. How a tape
+runs an op (a checkpoint's tapes override `Tape.run`) and what an op keeps
+for backward (saved-tensor hooks) are the engine's own structure, not
+observation.
+
+Off, the engine pays one test of the `observers` list per op and per buffer.
+
+What does not live here: the moments themselves (function.py, tape.py,
+memory.py emit them), the timeline (memory.py), the instruments (the lab).
+"""
+
+import functools
+
+observers = []  # the observers in force, outermost first
+
+
+class Observer:
+    """Base class: override the moments you watch (see the module docstring); `with` puts it in force."""
+
+    def run(self, name, phase, call):
+        return call()
+
+    def on_op(self, event):
+        pass
+
+    def on_track(self, buffer, category, new):
+        pass
+
+    def on_free(self, buffer):
+        pass
+
+    def on_reset_peak(self):
+        pass
+
+    def __enter__(self):
+        if self in observers:
+            raise RuntimeError(f"{type(self).__name__} is already in force; make another one to nest it")
+        observers.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        observers.remove(self)
+
+
+def run(name, phase, call):
+    """call() through every observer's run: the innermost first, whose call() goes on to the next one out."""
+    for observer in observers:
+        call = functools.partial(observer.run, name, phase, call)
+    return call()
