@@ -38,10 +38,13 @@ This is PyTorch's design, made small: its dispatch modes
 `__torch_dispatch__(func, ...)` runs around each op and calls `func`) and
 its profiler's allocation events (`torch.profiler.profile(profile_memory=
 True)`, PyTorch 2.13: "track tensor memory allocation/deallocation").
-Observers watch; they never change what the engine computes. How a tape
-runs an op (a checkpoint's tapes override `Tape.run`) and what an op keeps
-for backward (saved-tensor hooks) are the engine's own structure, not
-observation.
+Observers watch; they never change what the engine computes. So three
+things that look alike are the engine's own: how a tape runs an op (a
+checkpoint's tapes override `Tape.run` to skip, replay or check ops), what
+an op keeps for backward (saved-tensor hooks), and the checks that refuse a
+wrong result (anomaly mode, versions.py), which raise at the op, before its
+result goes on, as PyTorch's anomaly check sits in its engine
+(`Engine::evaluate_function`, torch/csrc/autograd/engine.cpp).
 
 Off, the engine pays one test of the `observers` list per op and per buffer.
 
