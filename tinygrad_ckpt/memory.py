@@ -26,7 +26,8 @@ recompute, with the live bytes per category after it: that is the picture of
 a training step that the benchmarks draw. It is an observer (observe.py), as
 every instrument is: the tracker tells the observers in force of each buffer
 it counts and frees, and (`tracker.event`) of each op that function.py and
-tape.py run. `record(fn, *args)` runs one call with the timeline on and returns it as a `Timeline`, which the lab draws:
+tape.py run. `record(fn, *args)` runs one call with the timeline on and
+returns it as a `Timeline`, which the lab draws:
 `bench.plots.plot_timeline(timeline)` with matplotlib,
 `bench.explorer.write_timeline(timeline, path)` as the memory explorer page.
 
@@ -163,7 +164,7 @@ class MemoryTracker:
             observer.on_op(event)
 
     def mark(self, name, phase="update"):
-        """Append an event for a moment that is not an op but changes memory (an optimizer step)."""
+        """Tell the observers of a moment that is not an op but changes memory (an optimizer step)."""
         self.event(name, "mark", phase)
 
 
