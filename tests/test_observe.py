@@ -36,7 +36,13 @@ def test_nested_observers_see_the_same_events_and_their_runs_nest_innermost_firs
     assert log == [(who, op, phase) for op, phase in [("Mul", "forward"), ("Sum", "forward"),
                                                       ("Sum", "backward"), ("Mul", "backward")]
                    for who in ("inner", "outer")]
-    assert observe.observers == []
+    assert observe.observers == observe.runners == []
+
+
+def test_only_observers_that_override_run_wrap_the_ops():
+    with memory.timeline(), Log("profile", []) as profile, Bytes():
+        assert observe.runners == [profile] and len(observe.observers) == 3
+    assert observe.observers == observe.runners == []
 
 
 class Bytes(observe.Observer):

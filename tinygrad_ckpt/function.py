@@ -202,7 +202,7 @@ class Function:
 
         The observers in force (observe.py) run around it: a profile times it there.
         """
-        if observe.observers:
+        if observe.runners:
             phase = "recompute" if memory.tracker.phase == "recompute" else "forward"
             out = observe.run(cls.__name__, phase, lambda: cls.forward(ctx, *arrays, **options))
         else:
@@ -214,7 +214,7 @@ class Function:
     @classmethod
     def run_backward(cls, ctx, grads):
         """backward for the gradients of the outputs; always a tuple, one array or None per input."""
-        if observe.observers:
+        if observe.runners:
             in_grads = observe.run(cls.__name__, "backward", lambda: cls.backward(ctx, *grads))
         else:
             in_grads = cls.backward(ctx, *grads)

@@ -46,7 +46,8 @@ wrong result (anomaly mode, versions.py), which raise at the op, before its
 result goes on, as PyTorch's anomaly check sits in its engine
 (`Engine::evaluate_function`, torch/csrc/autograd/engine.cpp).
 
-Off, the engine pays one test of the `observers` list per op and per buffer.
+Off, the engine pays one test of the `observers` list per op and per buffer,
+and of `runners` (the observers that override run) per op's computation.
 
 What does not live here: the moments themselves (function.py, tape.py,
 memory.py emit them), the timeline (memory.py), the instruments (the lab).
@@ -55,6 +56,7 @@ memory.py emit them), the timeline (memory.py), the instruments (the lab).
 import functools
 
 observers = []  # the observers in force, outermost first
+runners = []  # those of them that override run: only these wrap the ops
 
 
 class Observer:
@@ -79,14 +81,18 @@ class Observer:
         if self in observers:
             raise RuntimeError(f"{type(self).__name__} is already in force; make another one to nest it")
         observers.append(self)
+        if type(self).run is not Observer.run:
+            runners.append(self)
         return self
 
     def __exit__(self, *exc):
         observers.remove(self)
+        if self in runners:
+            runners.remove(self)
 
 
 def run(name, phase, call):
     """call() through every observer's run: the innermost first, whose call() goes on to the next one out."""
-    for observer in observers:
+    for observer in runners:
         call = functools.partial(observer.run, name, phase, call)
     return call()
