@@ -44,7 +44,8 @@ checkpoint's tapes override `Tape.run` to skip, replay or check ops), what
 an op keeps for backward (saved-tensor hooks), and the checks that refuse a
 wrong result (anomaly mode, versions.py), which raise at the op, before its
 result goes on, as PyTorch's anomaly check sits in its engine
-(`Engine::evaluate_function`, torch/csrc/autograd/engine.cpp).
+(`Engine::evaluate_function` in torch/csrc/autograd/engine.cpp, read at
+commit 00c0674).
 
 Off, the engine pays one test of the `observers` list per op and per buffer,
 and of `runners` (the observers that override run) per op's computation.
