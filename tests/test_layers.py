@@ -115,7 +115,7 @@ def _lesson_private_names():
 
 
 def _root(node):
-    """The name an attribute chain starts from (`memory` in memory.tracker._made), or None."""
+    """The name an attribute chain starts from (`memory` in memory.tracker._update_peak), or None."""
     while isinstance(node, ast.Attribute):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
@@ -164,7 +164,7 @@ def _private_uses(path, source, private):
     return sorted(set(found))
 
 
-def test_private_uses_finds_each_way_in(tmp_path):
+def test_private_uses_finds_each_way_in():
     probe = PACKAGE / "bench" / "probe.py"  # only its place matters: the source is given
     source = ("from ..memory import MemoryTracker, _Buffer\nfrom .. import memory\nfrom ..ops import flops\n"
               "class R(MemoryTracker):\n    def _update_peak(self):\n        self._made = []\n"
