@@ -198,11 +198,8 @@ class Function:
 
     @classmethod
     def run_forward(cls, ctx, arrays, options):
-        """forward on raw arrays; its result as an array (or a tuple of arrays), 0-d ones included.
-
-        The observers in force (observe.py) run around it: a profile times it there.
-        """
-        if observe.runners:
+        """forward on raw arrays; its result as an array (or a tuple of arrays), 0-d ones included."""
+        if observe.runners:  # an instrument goes around the op (observe.py): a profile's clock
             phase = "recompute" if memory.tracker.phase == "recompute" else "forward"
             out = observe.run(cls.__name__, phase, lambda: cls.forward(ctx, *arrays, **options))
         else:

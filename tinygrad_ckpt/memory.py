@@ -27,21 +27,10 @@ a training step that the benchmarks draw. It is an observer (observe.py), as
 every instrument is: the tracker tells the observers in force of each buffer
 it counts and frees, and (`tracker.event`) of each op that function.py and
 tape.py run. `record(fn, *args)` runs one call with the timeline on and
-returns it as a `Timeline`, which the lab draws:
-`bench.plots.plot_timeline(timeline)` with matplotlib,
-`bench.explorer.write_timeline(timeline, path)` as the memory explorer page.
+returns it as a `Timeline`, which the lab draws (bench/plots.py, the memory
+explorer page: bench/explorer.py). A timeline event is observe.py's event
+(op, phase, kind, tape, record, saved, saved_parameters), and:
 
-An event is a dict:
-
-    op, phase          the op's class name ("Linear"), or a moment that is not
-                       an op ("GradientAccumulator.accumulate", "AdamW.step");
-                       "forward", "backward",
-                       "recompute" (a checkpointed segment's second forward and
-                       its backward) or "update" (the optimizer and the
-                       accumulation buffers, between the ops)
-    kind               "op" (an op ran forward), "backward" (a record's
-                       backward ran) or "mark" (not an op: a moment named by
-                       the code that changes memory between ops)
     parameters, ...    live bytes of each category after the event (CATEGORIES)
     allocated, freed   bytes of the buffers that became known / were freed
                        since the previous event, by category: {"other": 1024};
@@ -49,13 +38,6 @@ An event is a dict:
                        one made and freed in between counts in both. Their
                        difference is the change of the live total (a buffer
                        that changes category moves bytes, it is not counted)
-    tape, record       for an op put on a tape, and for that record's backward:
-                       the tape's number and the record's index on it (see
-                       tape.Tape), which name one record within a timeline
-    saved, saved_parameters
-                       an op put on a tape: the bytes its record keeps for
-                       backward (parameters left out, as `print(tape)` shows
-                       them) and how many parameters it keeps besides
     input_shapes, output_shapes
                        an op: its arrays' shapes (to count its FLOPs)
 

@@ -4,33 +4,28 @@ An observer is a subclass of `Observer` that overrides the moments it wants;
 `with MyObserver() as watcher:` puts it in force inside the block. Observers
 nest: every observer in force sees every moment, the outermost first.
 
-    run(name, phase, call)        around each op's computation: an op's forward
-                                  (phase "forward", or "recompute": a checkpoint's
-                                  forward run again in backward) and a record's
-                                  backward ("backward"); call() computes it and
-                                  returns its result, which run must return
-    on_op(event)                  after an op ran forward, a record's backward ran,
-                                  or a moment that is not an op ("mark": an
-                                  optimizer step); event is a dict: see below
+    run(name, phase, call)    around each op's forward ("forward", or "recompute":
+                              a checkpoint's forward run again) and each record's
+                              backward ("backward"): call() computes it; return its result
+    on_op(event)              after an op's forward, a record's backward, or a mark
+                              (a moment that is not an op: an optimizer step)
     on_track(buffer, category, new)
-                                  memory.track counted an array: its buffer
-                                  (.nbytes, and .category, which may change later)
-                                  became known (new) or gained a holder of
-                                  `category` (None: known only); the live bytes
-                                  by category are memory.tracker.current
-    on_free(buffer)               a buffer memory.py knew was freed (its
-                                  .category: the one it had last)
-    on_reset_peak()               memory.reset_peak(): a new peak measurement
-                                  starts (the Trainer's, as training starts)
+                              memory.track counted an array: its buffer (.nbytes,
+                              .category) became known (new) or gained a holder of
+                              `category`; live bytes: memory.tracker.current
+    on_free(buffer)           a buffer memory.py knew was freed
+    on_reset_peak()           memory.reset_peak(): a new peak measurement starts
 
-An event has "op" (the op's class name, or the mark's name), "phase"
-("forward", "backward", "recompute" or "update") and "kind" ("op",
-"backward" or "mark"); an op or backward on a tape adds "tape" and "record"
-(the tape's number and the record's index); an op put on a tape adds
-"saved" and "saved_parameters" (the bytes its record keeps for backward,
-parameters left out, and how many parameters it keeps besides); an op's
-forward adds "inputs" and "outputs", its arrays. An observer may read them
-during the call, not keep the arrays (it would keep them alive).
+An event is a dict: "op" (the op's class name, "Linear", or the mark's,
+"AdamW.step"), "phase" ("forward", "backward", "recompute": a checkpointed
+segment's second forward and its backward, or "update": the optimizer and
+the accumulation buffers) and "kind" ("op", "backward" or "mark"); for an op
+put on a tape and its record's backward, "tape" and "record" (the tape's
+number and the record's index, tape.Tape); for that op, "saved" and
+"saved_parameters" (the bytes its record keeps for backward, parameters left
+out as `print(tape)` shows them, and how many parameters it keeps besides);
+for any op's forward, "inputs" and "outputs": its arrays, to read during the
+call, not to keep.
 
 This is PyTorch's design, made small: its dispatch modes
 (`TorchDispatchMode` in torch/utils/_python_dispatch.py, read at commit
