@@ -1,9 +1,8 @@
 """The peak of array bytes alone (bench/array_peak.py), the figure bench --compare sets beside PyTorch's.
 
 What must hold: the arrays an op makes are counted to the byte, Python
-objects are not, however many the step makes between its ops, and the op
-wrappers it uses (bench/op_calls.py) are gone afterwards, even when the
-step fails.
+objects are not, however many the step makes between its ops, and the
+observer it uses (observe.py) is gone afterwards, even when the step fails.
 """
 
 import tracemalloc
@@ -13,7 +12,7 @@ import pytest
 
 from tinygrad_ckpt import Tensor
 from tinygrad_ckpt.bench.array_peak import array_peak
-from tinygrad_ckpt.function import Function
+from tinygrad_ckpt import observe
 
 ROWS = 256  # a (256, 256) float32 array: 256 KiB
 ARRAY = ROWS * ROWS * 4
@@ -55,17 +54,15 @@ def test_a_temporary_inside_an_op_is_counted():
     assert 2 * ARRAY <= array_peak(step) < 2 * ARRAY + SLACK  # the gradients of Mul's two inputs, live together
 
 
-def test_the_op_wrappers_are_removed_even_when_the_step_fails():
-    forward, backward = Function.__dict__["run_forward"], Function.__dict__["run_backward"]
-
+def test_the_observer_is_removed_even_when_the_step_fails():
     def step():
+        assert len(observe.observers) == 1
         Tensor(numpy.ones(3)) + 1
         raise ZeroDivisionError
 
     with pytest.raises(ZeroDivisionError):
         array_peak(step)
-    assert Function.__dict__["run_forward"] is forward and Function.__dict__["run_backward"] is backward
-    assert not tracemalloc.is_tracing()
+    assert observe.observers == [] and not tracemalloc.is_tracing()
 
 
 def test_it_refuses_to_run_inside_a_tracemalloc_session():

@@ -3,7 +3,7 @@
 Timings are not asserted (they depend on the machine); what is asserted is
 what must hold on any machine: every op the step runs has a row, calls per
 step are the model's, the rows and "between ops" add up to the step, only
-the matrix-product ops have a floor, and the timing wrapper is gone after
+the matrix-product ops have a floor, and the timing observer is gone after
 the block, even when the block fails.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from tinygrad_ckpt import cli
 from tinygrad_ckpt.bench import profile, workloads
-from tinygrad_ckpt.function import Function
+from tinygrad_ckpt import observe
 
 
 def test_every_op_of_the_step_has_a_row_and_the_rows_add_up():
@@ -39,7 +39,7 @@ def test_ops_inside_a_checkpoint_are_timed_once():
 
     model = workloads.TINY.w1.model(numpy.random.default_rng(0))
     x = Tensor(numpy.ones((2, workloads.TINY.w1.width), dtype=numpy.float32))
-    with profile.op_times() as timer:
+    with profile.OpTimer() as timer:
         checkpoint(model.blocks, x).sum().backward()
     phases = {phase for _, phase in timer.seconds}
     assert phases == {"forward", "recompute", "backward"}
@@ -49,13 +49,12 @@ def test_ops_inside_a_checkpoint_are_timed_once():
     assert all(s >= 0 for s in timer.seconds.values())
 
 
-def test_the_timing_wrapper_is_removed_even_when_the_block_fails():
-    forward, backward = Function.__dict__["run_forward"], Function.__dict__["run_backward"]
+def test_the_timing_observer_is_removed_even_when_the_block_fails():
     with pytest.raises(ZeroDivisionError):
-        with profile.op_times():
-            assert Function.__dict__["run_forward"] is not forward
+        with profile.OpTimer() as timer:
+            assert observe.observers == [timer]
             1 / 0
-    assert Function.__dict__["run_forward"] is forward and Function.__dict__["run_backward"] is backward
+    assert observe.observers == []
 
 
 def test_bench_profile_writes_the_tables(tmp_path, capsys):

@@ -166,7 +166,7 @@ class ReadsRefused:
     """The Python reads of an array's values, refused: a base for arrays whose values Python may not see.
 
     bool(), float(), int(), use as an index, .item() and .tolist() each raise
-    what `_refused(what)` returns. Two arrays are built on it: the meta
+    what `refusal(what)` returns. Two arrays are built on it: the meta
     device's, which has no values at all (meta.py, NeedsValues), and the
     strict CuPy stand-in's, whose values live on a "device" and leave it only
     by an explicit, counted copy (testing/strict_cupy.py). Each says why in
@@ -175,26 +175,26 @@ class ReadsRefused:
 
     __slots__ = ()
 
-    def _refused(self, what):
-        raise NotImplementedError("an array built on ReadsRefused says why a read is refused: define _refused")
+    def refusal(self, what):
+        raise NotImplementedError("an array built on ReadsRefused says why a read is refused: define refusal")
 
     def __bool__(self):
-        raise self._refused("bool()")
+        raise self.refusal("bool()")
 
     def __float__(self):
-        raise self._refused("float()")
+        raise self.refusal("float()")
 
     def __int__(self):
-        raise self._refused("int()")
+        raise self.refusal("int()")
 
     def __index__(self):
-        raise self._refused("using it as a Python integer")
+        raise self.refusal("using it as a Python integer")
 
     def item(self):
-        raise self._refused(".item()")
+        raise self.refusal(".item()")
 
     def tolist(self):
-        raise self._refused(".tolist()")
+        raise self.refusal(".tolist()")
 
 
 def array_module(*arrays):

@@ -63,7 +63,7 @@ What does not live here: the tape and the backward walk (tape.py), the ops
 themselves (ops/).
 """
 
-from . import anomaly, autocast, backend, memory, tape, versions
+from . import anomaly, autocast, backend, memory, observe, tape, versions
 
 
 class Context:
@@ -199,7 +199,11 @@ class Function:
     @classmethod
     def run_forward(cls, ctx, arrays, options):
         """forward on raw arrays; its result as an array (or a tuple of arrays), 0-d ones included."""
-        out = cls.forward(ctx, *arrays, **options)
+        if observe.runners:  # an instrument goes around the op (observe.py): a profile's clock
+            phase = "recompute" if memory.tracker.phase == "recompute" else "forward"
+            out = observe.run(cls.__name__, phase, lambda: cls.forward(ctx, *arrays, **options))
+        else:
+            out = cls.forward(ctx, *arrays, **options)
         if isinstance(out, tuple):
             return tuple([backend.as_array(o) for o in out])
         return backend.as_array(out)
@@ -207,7 +211,10 @@ class Function:
     @classmethod
     def run_backward(cls, ctx, grads):
         """backward for the gradients of the outputs; always a tuple, one array or None per input."""
-        in_grads = cls.backward(ctx, *grads)
+        if observe.runners:
+            in_grads = observe.run(cls.__name__, "backward", lambda: cls.backward(ctx, *grads))
+        else:
+            in_grads = cls.backward(ctx, *grads)
         if not isinstance(in_grads, tuple):
             in_grads = (in_grads,)
         return tuple([backend.as_array(g) for g in in_grads])  # as_array(None) is None
@@ -252,13 +259,13 @@ class Function:
         if ctx.computed:  # an op a recompute skipped computed nothing: nothing to check or to count
             if anomaly.enabled:
                 anomaly.check_outputs(op, node, arrays, outs)
-            if memory.tracker.events is None:
-                pass  # no timeline is being recorded
+            if not observe.observers:
+                pass  # nobody watches (observe.py)
             elif node is not None and node.index >= 0:  # on a tape (a checkpointed segment's forward keeps none)
-                memory.tracker.event(op, inputs=arrays, outputs=outs, tape=node.tape.number, record=node.index,
-                                     saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
+                memory.tracker.event(op, "op", tape=node.tape.number, record=node.index, saved=node.activation_nbytes,
+                                     saved_parameters=node.saved_parameters, inputs=arrays, outputs=outs)
             else:
-                memory.tracker.event(op, inputs=arrays, outputs=outs)
+                memory.tracker.event(op, "op", inputs=arrays, outputs=outs)
         return tensors if isinstance(out, tuple) else tensors[0]
 
 

@@ -23,22 +23,14 @@ with tracemalloc, which sees every NumPy buffer, and state the margin.
 
 The timeline (`timeline()`) records one event per op in forward, backward and
 recompute, with the live bytes per category after it: that is the picture of
-a training step that the benchmarks draw. `record(fn, *args)` runs one call
-with the timeline on and returns it as a `Timeline`, which the lab draws:
-`bench.plots.plot_timeline(timeline)` with matplotlib,
-`bench.explorer.write_timeline(timeline, path)` as the memory explorer page.
+a training step that the benchmarks draw. It is an observer (observe.py), as
+every instrument is: the tracker tells the observers in force of each buffer
+it counts and frees, and (`tracker.event`) of each op that function.py and
+tape.py run. `record(fn, *args)` runs one call with the timeline on and
+returns it as a `Timeline`, which the lab draws (bench/plots.py, the memory
+explorer page: bench/explorer.py). A timeline event is observe.py's event
+(op, phase, kind, tape, record, saved, saved_parameters), and:
 
-An event is a dict:
-
-    op, phase          the op's class name ("Linear"), or a moment that is not
-                       an op ("GradientAccumulator.accumulate", "AdamW.step");
-                       "forward", "backward",
-                       "recompute" (a checkpointed segment's second forward and
-                       its backward) or "update" (the optimizer and the
-                       accumulation buffers, between the ops)
-    kind               "op" (an op ran forward), "backward" (a record's
-                       backward ran) or "mark" (not an op: a moment named by
-                       the code that changes memory between ops)
     parameters, ...    live bytes of each category after the event (CATEGORIES)
     allocated, freed   bytes of the buffers that became known / were freed
                        since the previous event, by category: {"other": 1024};
@@ -46,13 +38,6 @@ An event is a dict:
                        one made and freed in between counts in both. Their
                        difference is the change of the live total (a buffer
                        that changes category moves bytes, it is not counted)
-    tape, record       for an op put on a tape, and for that record's backward:
-                       the tape's number and the record's index on it (see
-                       tape.Tape), which name one record within a timeline
-    saved, saved_parameters
-                       an op put on a tape: the bytes its record keeps for
-                       backward (parameters left out, as `print(tape)` shows
-                       them) and how many parameters it keeps besides
     input_shapes, output_shapes
                        an op: its arrays' shapes (to count its FLOPs)
 
@@ -64,7 +49,7 @@ importing the engine never loads matplotlib or Plotly.
 import weakref
 from contextlib import contextmanager
 
-from . import backend
+from . import backend, observe
 
 CATEGORIES = ("parameters", "gradients", "accumulation", "optimizer", "activations", "other")
 
@@ -84,18 +69,14 @@ class _Buffer:
 
 
 class MemoryTracker:
-    """Live bytes by category, their peak, and an optional event timeline."""
+    """Live bytes by category and their peak; it tells the observers in force what it counts (observe.py)."""
 
     def __init__(self):
         self.buffers = {}  # id(storage array) -> _Buffer
         self.current = dict.fromkeys(CATEGORIES, 0)
         self.peak_total = 0
         self.peak = dict(self.current)  # bytes by category at the moment of the peak
-        self.events = None  # a list while a timeline is being recorded
         self.phase = "forward"
-        # While recording: buffers made, and bytes freed by category, since the last event.
-        self._made = []
-        self._freed = {}
 
     # -- the choke points call these --------------------------------------
     def track(self, array, category=None):
@@ -103,17 +84,18 @@ class MemoryTracker:
         base = backend.storage(array)
         key = id(base)
         buf = self.buffers.get(key)
-        if buf is None:
+        new = buf is None
+        if new:
             buf = _Buffer(base.nbytes)
             buf.ref = weakref.ref(base, lambda _, key=key: self._free(key))
             self.buffers[key] = buf
             self.current["other"] += buf.nbytes
-            if self.events is not None:
-                self._made.append(buf)
         if category is not None:
             buf.holds[category] = buf.holds.get(category, 0) + 1
             self._move(buf)
         self._update_peak()
+        for observer in observe.observers:
+            observer.on_track(buf, category, new)
 
     def release(self, array, category):
         """Remove one holder of `category` from `array`'s buffer."""
@@ -133,8 +115,8 @@ class MemoryTracker:
         buf = self.buffers.pop(key, None)
         if buf is not None:
             self.current[buf.category] -= buf.nbytes
-            if self.events is not None:
-                self._freed[buf.category] = self._freed.get(buf.category, 0) + buf.nbytes
+            for observer in observe.observers:
+                observer.on_free(buf)
 
     def _update_peak(self):
         total = sum(self.current.values())
@@ -150,37 +132,22 @@ class MemoryTracker:
         """Start a new peak measurement from what is live now."""
         self.peak_total = self.total()
         self.peak = dict(self.current)
+        for observer in observe.observers:
+            observer.on_reset_peak()
 
-    def event(self, op, phase=None, inputs=None, outputs=None, kind=None, tape=None, record=None,
-              saved=None, saved_parameters=None):
-        """Append a timeline point (only while a timeline is being recorded): see the module docstring.
+    def event(self, op, kind, phase=None, **fields):
+        """Tell the observers in force (observe.py) of an op, a record's backward or a mark: one event dict.
 
-        An op's forward passes its input and output arrays: their shapes ride
-        along ("input_shapes", "output_shapes"), so a reader can count the op's
-        FLOPs (saved.py does, to price a recompute). kind defaults to "op"
-        when outputs are given, else "backward".
+        fields: tape, record, saved, saved_parameters, inputs, outputs, as
+        observe.py describes them; phase defaults to the one in force.
         """
-        if self.events is None:
-            return
-        event = {"op": op, "phase": phase or self.phase,
-                 "kind": kind or ("op" if outputs is not None else "backward"), **self.current}
-        allocated = {}
-        for buf in self._made:
-            allocated[buf.category] = allocated.get(buf.category, 0) + buf.nbytes
-        event["allocated"], event["freed"] = allocated, self._freed
-        self._made, self._freed = [], {}
-        if tape is not None:
-            event["tape"], event["record"] = tape, record
-        if saved is not None:
-            event["saved"], event["saved_parameters"] = saved, saved_parameters
-        if outputs is not None:
-            event["input_shapes"] = [tuple(a.shape) for a in inputs]
-            event["output_shapes"] = [tuple(o.shape) for o in outputs]
-        self.events.append(event)
+        event = {"op": op, "phase": phase or self.phase, "kind": kind, **fields}
+        for observer in observe.observers:
+            observer.on_op(event)
 
     def mark(self, name, phase="update"):
-        """Append an event for a moment that is not an op but changes memory (an optimizer step)."""
-        self.event(name, phase=phase, kind="mark")
+        """Tell the observers of a moment that is not an op but changes memory (an optimizer step)."""
+        self.event(name, "mark", phase)
 
 
 tracker = MemoryTracker()
@@ -231,16 +198,38 @@ def phase(name):
 
 @contextmanager
 def timeline():
-    """Record one event per op: `with timeline() as events: step()`."""
-    previous, tracker.events = tracker.events, []
-    saved_counts = tracker._made, tracker._freed
-    tracker._made, tracker._freed = [], {}
-    events = tracker.events
-    try:
-        yield events
-    finally:
-        tracker.events = previous
-        tracker._made, tracker._freed = saved_counts
+    """Record one event per op: `with timeline() as events: step()` (the module docstring says what an event holds)."""
+    with _TimelineObserver() as observer:
+        yield observer.events
+
+
+class _TimelineObserver(observe.Observer):
+    """timeline()'s observer: each event with the live bytes by category, and the buffers made and freed since the last."""
+
+    def __init__(self):
+        self.events, self.made, self.freed = [], [], {}
+
+    def on_track(self, buffer, category, new):
+        if new:
+            self.made.append(buffer)
+
+    def on_free(self, buffer):
+        self.freed[buffer.category] = self.freed.get(buffer.category, 0) + buffer.nbytes
+
+    def on_op(self, event):
+        point = {"op": event["op"], "phase": event["phase"], "kind": event["kind"], **tracker.current}
+        allocated = {}
+        for buf in self.made:
+            allocated[buf.category] = allocated.get(buf.category, 0) + buf.nbytes
+        point["allocated"], point["freed"] = allocated, self.freed
+        self.made, self.freed = [], {}
+        for name in ("tape", "record", "saved", "saved_parameters"):
+            if name in event:
+                point[name] = event[name]
+        if "outputs" in event:
+            point["input_shapes"] = [tuple(a.shape) for a in event["inputs"]]
+            point["output_shapes"] = [tuple(o.shape) for o in event["outputs"]]
+        self.events.append(point)
 
 
 def record(fn, *args, name=None, **kwargs):

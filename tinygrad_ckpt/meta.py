@@ -211,7 +211,7 @@ class ndarray(backend.ReadsRefused):
         return f"meta.ndarray(shape={self.shape}, dtype={self.dtype})"
 
     # -- values: none (bool(), float(), int(), .item(), .tolist(): backend.ReadsRefused) ----
-    def _refused(self, what):
+    def refusal(self, what):
         return _needs_values(what, self)
 
     def __array__(self, *args, **kwargs):

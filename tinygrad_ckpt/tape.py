@@ -75,7 +75,7 @@ from contextlib import contextmanager
 
 import numpy
 
-from . import anomaly, backend, memory, versions
+from . import anomaly, backend, memory, observe, versions
 
 
 class Node:
@@ -305,7 +305,8 @@ class Tape:
                     # (A record that saved nothing keeps its edges: a second
                     # backward may walk through it, as in PyTorch.)
                     node.release_graph()
-                memory.tracker.event(node.name, kind="backward", tape=self.number, record=node.index)
+                if observe.observers:
+                    memory.tracker.event(node.name, "backward", tape=self.number, record=node.index)
         if task.depth == 1:
             task.finish(seen)
         return pending

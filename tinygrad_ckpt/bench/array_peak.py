@@ -13,7 +13,7 @@ NumPy reports its buffers to tracemalloc under a domain of their own
 (numpy.lib.tracemalloc_domain), so a snapshot gives the array bytes of a
 moment exactly; but tracemalloc keeps one peak for all domains together.
 So the step is cut at every op boundary, before and after each op's
-forward, recompute and backward (op_calls.py). At each boundary the
+forward, recompute and backward (an observer's run, observe.py). At each boundary the
 arrays' bytes are read from a snapshot (exact), and the Python objects'
 bytes are the rest. Between two boundaries the arrays' peak is taken as
 the interval's peak less the larger of its two Python-object counts (and
@@ -34,7 +34,7 @@ import tracemalloc
 
 import numpy
 
-from .op_calls import around_ops
+from ..observe import Observer
 
 _ARRAYS = [tracemalloc.DomainFilter(True, numpy.lib.tracemalloc_domain)]
 
@@ -62,16 +62,17 @@ def array_peak(step):
         python_before = python
         tracemalloc.reset_peak()  # after the snapshot is gone: its objects are not in the next interval
 
-    def wrap(name, phase, call):
-        boundary()
-        out = call()
-        boundary()
-        return out
+    class Boundaries(Observer):
+        def run(self, name, phase, call):
+            boundary()
+            out = call()
+            boundary()
+            return out
 
     tracemalloc.start()
     try:
         boundary()
-        with around_ops(wrap):
+        with Boundaries():
             step()
         boundary()
     finally:

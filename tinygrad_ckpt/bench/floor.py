@@ -21,6 +21,7 @@ What does not live here: the libraries' runs and the table (compare.py),
 the per-op profile (profile.py), the FLOP counts (ops/flops.py).
 """
 
+import math
 import statistics
 import time
 
@@ -83,7 +84,7 @@ class Floor:
                 uses[key] = uses.get(key, 0) + 1
         self._buffers = {}  # (role, shape) -> [arrays], cycled through
         for (role, shape), count in uses.items():
-            nbytes = max(flops._size(shape) * self.dtype.itemsize, 1)
+            nbytes = max(math.prod(shape) * self.dtype.itemsize, 1)
             copies = min(count, max(1, -(-CYCLE_BYTES // nbytes)))
             # Inputs of unit scale (no product overflows); outputs are written before they are read.
             host = [rng.uniform(-1, 1, shape).astype(self.dtype) for _ in range(copies)]
@@ -122,7 +123,7 @@ class Floor:
 
 
 def _out_shape(a, b):
-    return flops._broadcast(a[:-2], b[:-2]) + (a[-2], b[-1])
+    return numpy.broadcast_shapes(a[:-2], b[:-2]) + (a[-2], b[-1])
 
 
 def gemm_throughput(n=2048, repeats=3, dtype=numpy.float32, device="cpu"):

@@ -11,9 +11,8 @@ ops": the model's Python code, Function.apply (tensors, tape records) and
 the backward walk. Figures are medians over `repeats` steps, the floor's
 products timed in the same rounds, after one warm-up step.
 
-How ops are timed: while `op_times()` is active, Function.run_forward and
-Function.run_backward (the two calls through which every op runs, see
-function.py) are wrapped in a clock (op_calls.py); an op's time leaves out
+How ops are timed: `OpTimer` is an observer (observe.py) whose `run` puts a
+clock around each op's forward, recompute and backward; an op's time leaves out
 ops run inside it (a checkpoint's segment), so the rows add up to the step. The clock
 costs well under a microsecond per op. On a GPU each clock read waits for
 the device first, which serialises the step: the shares stay meaningful,
@@ -26,30 +25,33 @@ with other libraries (compare.py), the table format (report.py).
 import gc
 import statistics
 import time
-from contextlib import contextmanager
 
 import numpy
 
 from .. import backend
+from ..observe import Observer
 from ..threads import limited_threads
 from .floor import Floor
 from .machine import load_average
-from .op_calls import around_ops
 from .report import markdown_table
 from .workloads import label
 
 BETWEEN = "between ops"  # the row of what no op's clock saw
 
 
-class OpTimer:
-    """Seconds and calls per (op name, phase), each op's time exclusive of the ops inside it."""
+class OpTimer(Observer):
+    """Seconds and calls per (op name, phase), each op's time exclusive of the ops inside it.
+
+    `with OpTimer() as timer:` times every op run inside the block.
+    """
 
     def __init__(self, device="cpu"):
         self.device = device
         self.seconds, self.calls = {}, {}
         self._inner = []  # per running op: seconds spent in ops nested inside it
 
-    def time(self, key, call):
+    def run(self, name, phase, call):
+        key = (name, phase)
         backend.synchronize(self.device)
         start = time.perf_counter()
         self._inner.append(0.0)
@@ -63,14 +65,6 @@ class OpTimer:
             self.calls[key] = self.calls.get(key, 0) + 1
             if self._inner:
                 self._inner[-1] += elapsed
-
-
-@contextmanager
-def op_times(device="cpu"):
-    """Time every op run inside the block; yields the OpTimer. Phases: forward, recompute, backward."""
-    timer = OpTimer(device)
-    with around_ops(lambda name, phase, call: timer.time((name, phase), call)):
-        yield timer
 
 
 def profile_workload(size, repeats=5, device="cpu"):
@@ -106,7 +100,7 @@ def profile_workload(size, repeats=5, device="cpu"):
     step()  # warm-up
     floor.run("forward"), floor.run("backward")
     for _ in range(repeats):
-        with op_times(device) as timer:
+        with OpTimer(device) as timer:
             steps.append(step())
         per_op.append(dict(timer.seconds))
         calls = timer.calls

@@ -76,6 +76,7 @@ from ..checkpoint import checkpoint
 from ..nn import Module
 from ..policies import BY_NAME, resolve
 from ..schedules import Plan, describe
+from ..tape import get_gradient_edge
 from ..tensor import Tensor
 
 # (rtol, atol) by dtype; see the module docstring.
@@ -476,7 +477,7 @@ def _leaves(outputs):
             if o.is_leaf:
                 found.setdefault(id(o), o)
             else:
-                stack.append(o._node)
+                stack.append(get_gradient_edge(o)[0])
     while stack:
         node = stack.pop()
         if id(node) in seen:

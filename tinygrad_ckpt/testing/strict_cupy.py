@@ -178,7 +178,7 @@ class ndarray(backend.ReadsRefused):
             f"xp.{func.__name__}(...)"
         )
 
-    def _refused(self, what):  # bool(), float(), int(), .item(), .tolist(): backend.ReadsRefused
+    def refusal(self, what):  # bool(), float(), int(), .item(), .tolist(): backend.ReadsRefused
         return _transfer_error(what)
 
     def __repr__(self):  # no values: printing them would be a transfer
