@@ -182,9 +182,7 @@ def test_private_uses_finds_each_way_in():
 LAB_FILES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if _in_lab(p))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="fit.py's _Recorder extends MemoryTracker's private methods until it becomes an Observer"))
-    if n == "fit.py" else n for n in LAB_FILES])
+@pytest.mark.parametrize("name", LAB_FILES)
 def test_the_lab_reaches_no_private_name_of_the_lesson(name):
     """The lab watches the engine through observe.py and public names, never a lesson `_name`."""
     path = PACKAGE / name

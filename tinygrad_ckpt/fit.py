@@ -95,7 +95,7 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from . import activations, autocast, backend, memory, meta, policies
+from . import activations, autocast, backend, memory, meta, observe, policies
 from .data import stack_collate
 from .nn.module import Parameter
 from .nn.transformer import GPT, GPTConfig
@@ -293,50 +293,42 @@ class StepMemory:
     trace: tuple = field(default=None, repr=False)
 
 
-class _Recorder(memory.MemoryTracker):
-    """memory.py's tracker, keeping from the step's start (train()'s reset_peak) the bytes by category at
-    every check, what made each check (for the repeated-blocks shortcut), and the FLOPs of the ops a
-    recompute runs (which a policy says to recompute)."""
+class _Recorder(observe.Observer):
+    """Watches the step (observe.py): from its start (train()'s reset_peak) the bytes by category at every
+    check memory.py makes, what made each check (for the repeated-blocks shortcut), and the FLOPs of the ops
+    a recompute runs (which a policy says to recompute)."""
 
     def __init__(self, policy):
-        super().__init__()
         self.points = self.start = None
         self.policy = policy
         self.recomputed_flops = 0
-        self.events = []  # the op events come to `event`, which keeps only their FLOPs
         self.doing = ("start",)  # the last event: what the step is doing (op, phase, kind)
-        self.tracking = (0, None)  # the bytes and the category of the array `track` was given last
         # At every check, for the repeated-blocks shortcut (_trace): what the step was doing and the array
         # checked, and how many allocations of the meta device came before it.
         self.labels, self.allocations = [], array("q")
         self.live_at_start = 0  # the meta device's live bytes at the step's start
 
-    def reset_peak(self):
-        super().reset_peak()
-        self.start = dict(self.current)
-        self.points = [array("q", [self.current[c]]) for c in memory.CATEGORIES]
+    def on_reset_peak(self):
+        self.start = dict(memory.tracker.current)
+        self.points = [array("q", [self.start[c]]) for c in memory.CATEGORIES]
         meta.count.reset_peak()
         self.live_at_start = meta.count.live
         self.labels, self.allocations = [self.doing], array("q", [0])
 
-    def track(self, array, category=None):
-        self.tracking = (backend.storage(array).nbytes, category)
-        super().track(array, category)
-
-    def _update_peak(self):
-        super()._update_peak()
+    def on_track(self, buffer, category, new):
         if self.points is not None:
             for column, c in zip(self.points, memory.CATEGORIES):
-                column.append(self.current[c])
-            self.labels.append((self.doing, self.tracking))
+                column.append(memory.tracker.current[c])
+            self.labels.append((self.doing, (buffer.nbytes, category)))
             self.allocations.append(len(meta.count.points))
 
-    def event(self, op, phase=None, inputs=None, outputs=None, kind=None, **rest):
-        self._made, self._freed = [], {}  # what the tracker gathers for a timeline point: none is kept here
-        self.doing = (op, phase or self.phase, kind)
-        if (phase or self.phase) == "recompute" and outputs is not None and (
+    def on_op(self, event):
+        op, phase = event["op"], event["phase"]
+        self.doing = (op, phase, event["kind"])
+        if phase == "recompute" and "outputs" in event and (
                 self.policy is None or self.policy(op) == policies.RECOMPUTE):
-            self.recomputed_flops += op_flops(op, [a.shape for a in inputs], [o.shape for o in outputs])
+            self.recomputed_flops += op_flops(op, [a.shape for a in event["inputs"]],
+                                              [o.shape for o in event["outputs"]])
 
 
 def estimate_step(model, batch_shapes, compute_loss_func=None, training_arguments=None, device="cuda"):
@@ -394,11 +386,11 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
         batches.append(stack_collate(examples))
         return batches[-1]
 
-    previous = memory.tracker
-    memory.tracker = recorder
+    previous, memory.tracker = memory.tracker, memory.MemoryTracker()  # the step's own count
+    tracker = memory.tracker
     try:
-        with meta.counting(points=True, stands_in_for=device) as count:
-            _enter(model, recorder, count)
+        with recorder, meta.counting(points=True, stands_in_for=device) as count:
+            _enter(model, count)
             trainer = Trainer(model, args, [example] * B, data_collator=collate, compute_loss_func=compute_loss_func)
             try:
                 trainer.train()
@@ -415,7 +407,7 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     points = recorder.points
     highest = {c: max(column) for c, column in zip(memory.CATEGORIES, points)}
     trace = (recorder.labels, recorder.allocations, count.sizes, recorder.live_at_start)
-    return StepMemory(recorder.peak_total, dict(recorder.peak), highest, recorder.start, count.peak + constant,
+    return StepMemory(tracker.peak_total, dict(tracker.peak), highest, recorder.start, count.peak + constant,
                       constant, recorder.recomputed_flops, points, count.points, trace)
 
 
@@ -431,7 +423,7 @@ def _asking_line(error):
     return "an unknown line"
 
 
-def _enter(model, recorder, count):
+def _enter(model, count):
     """Put the model's arrays (made before the count began) in the count, as Module.to puts them."""
     seen = set()
     for t in list(model.parameters()) + [b for _, b in model.named_buffers()]:
@@ -441,7 +433,7 @@ def _enter(model, recorder, count):
         if id(base) not in seen:
             seen.add(id(base))
             count.live += base.nbytes
-        recorder.track(t.data, "parameters" if isinstance(t, Parameter) else None)
+        memory.track(t.data, "parameters" if isinstance(t, Parameter) else None)
     count.peak = count.live
 
 
