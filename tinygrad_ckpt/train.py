@@ -250,10 +250,6 @@ class TrainingArguments:
                              "(--fp16 or --bf16), or neither for float32")
         if self.bf16:
             autocast.bfloat16()  # ImportError naming the extra now, not at the first step
-        if self.zero_stage and self.output_dir is not None:
-            raise ValueError(f"zero_stage={self.zero_stage} with output_dir: each process holds only its shard of the "
-                             "optimizer state, and a sharded checkpoint is not built yet; set output_dir=None "
-                             "(--output-dir none) or zero_stage=0")
 
     def _check_int(self, name, minimum, hint=""):
         value = getattr(self, name)
