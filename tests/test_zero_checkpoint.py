@@ -159,6 +159,8 @@ def test_a_manifest_without_its_shards_is_refused_naming_the_missing_shard(launc
         verify_checkpoint(tmp_path / "checkpoint-4.npz")
     with pytest.raises(CheckpointFileError, match="not a ZeRO checkpoint"):
         zero_checkpoint.consolidate(out / "stage2/full/model.npz", tmp_path / "out.npz")
+    with pytest.raises(CheckpointFileError, match="is a folder; pass one of its checkpoint-<step>.npz files"):
+        zero_checkpoint.consolidate(out / "stage2/full", tmp_path / "out.npz")
 
 
 @settings(max_examples=25, deadline=None)

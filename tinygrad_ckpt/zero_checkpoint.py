@@ -194,6 +194,8 @@ def consolidate(path, out):
     single process resumes from it (with per_device_train_batch_size x
     processes as the run had) or loads its model (serialization.restore).
     """
+    if Path(path).is_dir():
+        raise CheckpointFileError(f"{str(path)!r} is a folder; pass one of its checkpoint-<step>.npz files (a manifest)")
     checkpoint = serialization.load(path)
     if "zero" not in checkpoint["extra"]:
         raise CheckpointFileError(f"{str(path)!r} is not a ZeRO checkpoint (no 'zero' entry): it is one file already")
