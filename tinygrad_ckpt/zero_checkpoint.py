@@ -14,7 +14,9 @@ process 0 writes them once, in the manifest.
 Writing (`save_shard`, on every process): each writes its shard atomically,
 then they exchange the files' hashes, and process 0 writes the manifest
 last. A checkpoint exists from the moment its manifest does: a save killed
-halfway leaves no checkpoint-<step>.npz, so resuming never sees it.
+halfway leaves no checkpoint-<step>.npz, so resuming never sees it (and an
+older manifest of the same step names the old shards' hashes: it fails
+whole, never mixing two saves).
 
 Reading (`join_shards`): a manifest's shards are read and checked (the
 file's SHA-256 against the manifest's, then serialization.load's checks),
@@ -31,19 +33,22 @@ laid out as zero.FlatShards lays out the parameters. The whole state is cut
 again on any number of processes, so a run saved on N processes resumes on
 N' (resume.py checks that the data position means the same examples). The
 cost: every process reads every shard and holds the whole optimizer state
-for the moment of the restore (DeepSpeed's universal checkpoints,
-deepspeed/checkpoint/ds_to_universal.py, 0.16.5, instead store each
-parameter's state in a file of its own, so a process reads only its part).
+for the moment of the restore (DeepSpeed 0.16.5's universal checkpoints,
+made offline by deepspeed/checkpoint/ds_to_universal.py, store instead each
+parameter's value and moments in files of its own, <name>/exp_avg.pt, ...).
 
 One file for one process, from the command line (no MPI needed):
 
     python -m tinygrad_ckpt.zero_checkpoint output_dir/checkpoint-6.npz consolidated.npz
 
-as DeepSpeed's `python zero_to_fp32.py CHECKPOINT_DIR OUTPUT` (deepspeed/utils/zero_to_fp32.py,
-0.16.5), which joins each group's fp32 partitions in rank order and cuts them
-at the parameters' shapes, but keeps the weights only and drops the optimizer
-state ("we only care for fp32 master weights"); this file keeps it, so a
-single process can resume the run from it.
+as DeepSpeed's `python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR` (deepspeed/utils/zero_to_fp32.py,
+0.16.5), which also joins each group's fp32 partitions in rank order and cuts
+them at the parameters' shapes, but keeps the weights only ("we only care for
+fp32 master weights"). The file written here keeps the optimizer state
+too, so one process resumes the run from it (reading the examples a
+micro-batch that the N processes read together). A function and `python -m`, not a
+subcommand of tinygrad-ckpt: it is this module's own tool, needs no MPI and
+no model, and is run once, after training, as DeepSpeed's script is.
 
 What does not live here: the layout itself (zero.py), what else a checkpoint
 holds and choosing the newest good one (resume.py), the file format (serialization.py).
