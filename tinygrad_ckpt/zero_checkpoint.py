@@ -139,11 +139,12 @@ def join_shards(checkpoint, path):
         if sha256(file) != entry[1]:
             raise CheckpointFileError(f"{where}: its shard {name!r} is not the file process {r} wrote (its SHA-256 "
                                       "differs from the manifest's): it was damaged or replaced")
-        shards.append(serialization.load(file)["optimizer"])  # CheckpointFileError names the shard file
-        first = shards[0]
-        expect(shards[-1] is not None and (shards[-1]["type"], shards[-1]["hyper"], shards[-1]["steps"])
-               == (first["type"], first["hyper"], first["steps"]) and len(first["steps"]) == len(groups),
-               f"shard {name!r} holds another optimizer, hyperparameters or step counts than shard 0")
+        shard = serialization.load(file)["optimizer"]  # CheckpointFileError names the shard file
+        first = shards[0] if shards else shard
+        expect(shard is not None and len(shard["steps"]) == len(groups) and (shard["type"], shard["hyper"],
+               shard["steps"]) == (first["type"], first["hyper"], first["steps"]),
+               f"shard {name!r} holds no optimizer state for its groups, or another than shard 0's")
+        shards.append(shard)
     state, steps = {key: [None] * len(names) for key in first["state"]}, [None] * len(names)
     for g, members in enumerate(groups):
         sizes = [model[names[i]].size for i in members]
