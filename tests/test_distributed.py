@@ -164,10 +164,11 @@ def test_a_two_rank_run_resumes_exactly_and_only_with_two_ranks(launched):
         run = rank["resume"]
         assert len(run["full"]) == 4 and run["resumed"] == run["full"]  # the history, saved steps included
         assert run["same_params"]
-    # rank 0 wrote the checkpoint; one process must not resume it (micro_step counts both ranks' examples)
+    # rank 0 wrote the checkpoint; one process reading 2 examples a micro-batch, not 4, must not resume it
+    # (micro_step counts micro-batches of both ranks' examples)
     args = training_args(optim="adamw", per_device_train_batch_size=2, gradient_accumulation_steps=2,
                          lr_scheduler_type="constant", max_steps=4)
-    with pytest.raises(ValueError, match=r"written by 2 process\(es\), this run has 1: resume with the same `mpiexec -n`"):
+    with pytest.raises(ValueError, match=r"written by 2 process\(es\) x per_device_train_batch_size=2 = 4 .* this run has 1 x 2 = 2"):
         Trainer(tiny_gpt(), args, dataset(23)).train(resume_from_checkpoint=launched("equivalence")[0]["resume"]["checkpoint"])
 
 

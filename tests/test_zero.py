@@ -144,9 +144,7 @@ def test_stage_1_sends_what_data_parallelism_sends_and_stage_2_scatters_each_mic
     assert calls[2]["reduce_scatter"] == micro_batches and calls[2]["all_gather_arrays"] == steps
 
 
-def test_zero_with_an_output_dir_is_refused_until_sharded_checkpoints_exist():
-    with pytest.raises(ValueError, match="zero_stage=2 with output_dir: .* set output_dir=None"):
-        TrainingArguments(zero_stage=2, output_dir="out")
+def test_a_stage_not_built_is_refused():
     with pytest.raises(ValueError, match=r"zero_stage must be one of \(0, 1, 2\), got 3"):
         TrainingArguments(zero_stage=3)
 

@@ -18,9 +18,12 @@ What those files mean to a run lives here:
   - verifying one in full (verify_checkpoint): types, ranges, a position a
     run reaches, finite arrays, a loss scale a GradScaler reaches.
   - restoring a Trainer from one: nothing is restored unless all of it can
-    be; one written by another model configuration, tokenizer, batch layout
-    or number of processes is an error naming the difference; a position
-    past a shorter data set's epoch continues at the next epoch.
+    be; one written by another model configuration, tokenizer or batch
+    layout (examples a micro-batch on all processes together, accumulation
+    steps, seed) is an error naming the difference; another number of
+    processes is not, nor another ZeRO stage (zero_checkpoint.py re-cuts
+    the optimizer state); a position past a shorter data set's epoch
+    continues at the next epoch.
   - one output directory, one run: each checkpoint carries its run's id; a
     fresh run refuses a directory holding another run's output
     (claim_output_dir), a resumed one a directory holding another run's
@@ -32,7 +35,8 @@ those that read files take a path.
 
 What does not live here: the file format, its atomic write and its
 byte-by-byte checks (serialization.py); the loss scaler's own state check
-(grad_scaler.state_problem); the training loop (train.py).
+(grad_scaler.state_problem); a ZeRO run's shards: writing, joining and
+cutting them (zero_checkpoint.py); the training loop (train.py).
 """
 
 import math
@@ -43,7 +47,7 @@ from pathlib import Path
 
 import numpy
 
-from . import backend, nn, random, serialization
+from . import backend, nn, random, serialization, zero_checkpoint
 from .grad_scaler import state_problem
 from .serialization import CheckpointFileError
 
@@ -91,15 +95,19 @@ def save_checkpoint(trainer, path=None):
     the oldest checkpoints beyond save_total_limit are deleted. Refuses
     (FloatingPointError) to write a parameter or optimizer state that is
     not finite. With several processes only process 0 writes (the others
-    hold the same model and optimizer state) and the others return None.
+    hold the same model and optimizer state) and the others return None;
+    under ZeRO every process first writes its shard of the optimizer state
+    beside `path`, which is the manifest (zero_checkpoint.py).
     """
-    if not trainer.is_main_process:
-        return None
     args = trainer.args
     if path is None and args.output_dir is None:
         raise ValueError("save_checkpoint(): output_dir is None, so there is nowhere to save; pass a path")
-    _check_finite(trainer, "save a checkpoint")
     path = checkpoint_path(args.output_dir, trainer.state.global_step) if path is None else Path(path)
+    if trainer.zero:
+        zero = _save_shard(trainer, path)
+    if not trainer.is_main_process:
+        return None
+    _check_finite(trainer, "save a checkpoint")
     extra = {
         "trainer_state": asdict(trainer.state),
         "rng_states": [g.bit_generator.state for g in _generators(trainer.model)],  # dropout masks to come
@@ -111,12 +119,32 @@ def save_checkpoint(trainer, path=None):
     }
     if trainer.scaler.enabled:
         extra["grad_scaler"] = trainer.scaler.state_dict()  # fp16: the loss scale goes on where it was
+    if trainer.zero:
+        extra["zero"] = zero  # the shards' layout, names and hashes: this file is their manifest
     extra.update(_model_description(trainer))
     path.parent.mkdir(parents=True, exist_ok=True)
-    serialization.save(path, model=trainer.model, optimizer=trainer.optimizer, extra=extra)
+    serialization.save(path, model=trainer.model, optimizer=None if trainer.zero else trainer.optimizer, extra=extra)
     if args.output_dir is not None and path.parent.resolve() == Path(args.output_dir).resolve():
         _rotate_checkpoints(args.output_dir, trainer.state.global_step, args.save_total_limit)
     return path
+
+
+def _save_shard(trainer, path):
+    """ZeRO: every process checks and writes its shard (one stops, all stop); the manifest's extra["zero"]."""
+    error = None
+    try:
+        _check_finite(trainer, "save a checkpoint")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FloatingPointError, OSError) as e:
+        error = e
+    trainer.distributed.raise_if_any(error)
+    return zero_checkpoint.save_shard(trainer, path)
+
+
+def _delete_checkpoint(path):
+    """Delete a checkpoint file and, for a ZeRO checkpoint, its shards (the manifest first)."""
+    for file in [path, *zero_checkpoint.shard_files(path)]:
+        file.unlink(missing_ok=True)
 
 
 def _rotate_checkpoints(output_dir, saved_step, limit):
@@ -129,7 +157,7 @@ def _rotate_checkpoints(output_dir, saved_step, limit):
         return
     older = [path for step, path in sorted_checkpoints(output_dir) if step < saved_step]
     for path in older[limit - 1:]:
-        path.unlink(missing_ok=True)
+        _delete_checkpoint(path)
 
 
 def save_model(trainer, path=None):
@@ -194,10 +222,14 @@ def verify_checkpoint(path):
     and shape, the metadata's types): it holds a model, an optimizer, the
     Trainer's state of the right types, only finite parameters and
     optimizer state, and (fp16) a loss scaler state a GradScaler can reach
-    (grad_scaler.state_problem). Any problem raises CheckpointFileError
-    naming the file and the field.
+    (grad_scaler.state_problem). A ZeRO checkpoint's shards are read,
+    checked and joined (zero_checkpoint.join_shards), so it returns what one
+    process would have written. Any problem raises CheckpointFileError
+    naming the file (or the shard) and the field.
     """
     checkpoint = serialization.load(path)
+    if "zero" in checkpoint["extra"]:  # a ZeRO run's manifest: its shards, checked and joined
+        checkpoint = zero_checkpoint.join_shards(checkpoint, path)
     where = repr(str(path))
 
     def expect(condition, what):
@@ -293,10 +325,11 @@ def load_checkpoint(trainer, where):
     """Restore the newest checkpoint that verifies (of `where`: True, a directory or a file).
 
     A damaged checkpoint (CheckpointFileError) is skipped for the next older
-    one, and said so; one written by another model, tokenizer, batch
-    layout or number of processes is an error, since every checkpoint of
-    the directory comes from the same run. Everything is checked before
-    anything is restored.
+    one, and said so (a ZeRO checkpoint with a damaged or missing shard
+    too: every process reads every shard, so all skip alike); one written by
+    another model, tokenizer or batch layout is an error, since every
+    checkpoint of the directory comes from the same run. Everything is
+    checked before anything is restored.
     """
     if where is True:
         if trainer.args.output_dir is None:
@@ -338,16 +371,14 @@ def load_checkpoint(trainer, where):
 def _restore(trainer, checkpoint, path):
     """Check that `checkpoint` belongs to this run, then restore the model, optimizer, state and RNG."""
     extra, args, where = checkpoint["extra"], trainer.args, repr(str(path))
-    B, G, seed = extra["batch_layout"]
-    if (B, G, seed) != (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed):
+    (B, G, seed), N = extra["batch_layout"], extra.get("world_size", 1)
+    b, n = args.per_device_train_batch_size, trainer.world_size
+    if (B * N, G, seed) != (b * n, args.gradient_accumulation_steps, args.seed):  # a micro-batch: B x N examples
         raise ValueError(
-            f"the checkpoint {where} was written with per_device_train_batch_size={B}, gradient_accumulation_steps={G}, "
-            f"seed={seed}; resume with the same values so the data position means the same examples"
-        )
-    if extra.get("world_size", 1) != trainer.world_size:
-        raise ValueError(
-            f"the checkpoint {where} was written by {extra.get('world_size', 1)} process(es), this run has "
-            f"{trainer.world_size}: resume with the same `mpiexec -n` so the data position means the same examples"
+            f"the checkpoint {where} was written by {N} process(es) x per_device_train_batch_size={B} = {B * N} "
+            f"examples a micro-batch, gradient_accumulation_steps={G}, seed={seed}; this run has {n} x {b} = {b * n}, "
+            f"{args.gradient_accumulation_steps}, {args.seed}: resume with the same `mpiexec -n {N}` and values, or "
+            f"with processes x per_device_train_batch_size = {B * N}, so the data position means the same examples"
         )
     ours = _model_description(trainer)
     for key, what in (("tokenizer", "tokenizer"), ("config", "model configuration")):
@@ -371,6 +402,8 @@ def _restore(trainer, checkpoint, path):
         except (TypeError, ValueError, KeyError) as e:
             raise CheckpointFileError(f"{where} holds a random generator state that does not fit "
                                       f"{type(g.bit_generator).__name__} ({type(e).__name__}: {e})") from None
+    if trainer.zero:  # this process's shard of the whole optimizer state, on however many processes
+        checkpoint = {**checkpoint, "optimizer": zero_checkpoint.cut(checkpoint["optimizer"], trainer.accumulator.layout)}
     serialization.restore(checkpoint, model=trainer.model, optimizer=trainer.optimizer)  # checks, then copies
     trainer.state, trainer.run_id = TrainerState(**extra["trainer_state"]), extra.get("run_id")
     if trainer.scaler.enabled and "grad_scaler" in extra:
@@ -430,7 +463,7 @@ def claim_output_dir(trainer):
             "(overwrite_output_dir=True), or choose another --output-dir"
         )
     for path in previous:
-        path.unlink(missing_ok=True)
+        _delete_checkpoint(path)
     print(f"overwrite_output_dir: deleted the previous run's {len(previous)} file(s) in {str(directory)!r}: "
           f"{names}", file=sys.stderr)
 
@@ -458,7 +491,7 @@ def _check_output_dir_is_this_run(trainer, run_id, source):
         )
     for paths in others.values():
         for path in paths:
-            path.unlink(missing_ok=True)
+            _delete_checkpoint(path)
     if trainer.is_main_process:
         print(f"overwrite_output_dir: deleted another run's checkpoints in {str(directory)!r}: {listed}",
               file=sys.stderr)

@@ -90,7 +90,8 @@ skipped steps still used up the warm-up).
 Data parallelism (several processes under `mpiexec`): pass
 `distributed=DataParallel()` (distributed.py); each process then reads its
 share of every micro-batch, and the accumulators are summed across processes
-once per optimizer step. Only process 0 prints and saves.
+once per optimizer step. Only process 0 prints and saves (with zero_stage,
+each process saves its shard of the optimizer state too: zero_checkpoint.py).
 
 What does not live here: the accumulation buffers (accumulate.py), the
 optimizers (optim.py), writing, verifying and resuming from checkpoints
@@ -250,10 +251,6 @@ class TrainingArguments:
                              "(--fp16 or --bf16), or neither for float32")
         if self.bf16:
             autocast.bfloat16()  # ImportError naming the extra now, not at the first step
-        if self.zero_stage and self.output_dir is not None:
-            raise ValueError(f"zero_stage={self.zero_stage} with output_dir: each process holds only its shard of the "
-                             "optimizer state, and a sharded checkpoint is not built yet; set output_dir=None "
-                             "(--output-dir none) or zero_stage=0")
 
     def _check_int(self, name, minimum, hint=""):
         value = getattr(self, name)
@@ -774,7 +771,7 @@ class Trainer:
         """Write everything needed to resume, atomically: output_dir/checkpoint-<global_step>.npz by default.
 
         See resume.save_checkpoint (save_total_limit, the refusal of NaN or
-        inf, only process 0 writing).
+        inf, only process 0 writing; under ZeRO every process its shard).
         """
         return resume.save_checkpoint(self, path)
 

@@ -1,6 +1,6 @@
 """ZeRO: N data-parallel ranks each keep 1/N of what they would all hold the same copy of.
 
-    mpiexec -n 4 tinygrad-ckpt train --zero-stage 2 --output-dir none
+    mpiexec -n 4 tinygrad-ckpt train --zero-stage 2
 
 Data parallelism (distributed.py) gives every rank the whole model, its
 gradients, the accumulation buffers and AdamW's two moments: N identical
@@ -46,7 +46,8 @@ reduce-scatter per micro-batch instead of one per step.
 What ZeRO does not shard: activations (checkpointing is for those), frozen
 parameters and buffers (BatchNorm's statistics), and, in stages 1 and 2, the
 parameters. What does not live here: MPI and the checks that the ranks agree
-(distributed.py), the loop (train.py).
+(distributed.py), the loop (train.py), the checkpoints: each process's
+shard of the optimizer state and the manifest that names them (zero_checkpoint.py).
 """
 
 import numpy
