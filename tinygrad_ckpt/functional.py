@@ -227,14 +227,25 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return conv.Conv2d.apply(*inputs, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
-def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1):
-    """The largest value of each kernel_size window of input (N, C, H, W); stride defaults to kernel_size."""
-    return pool.MaxPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation)
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """The largest value of each kernel_size window of input (N, C, H, W); stride defaults to kernel_size.
+
+    ceil_mode=True rounds the output size up (a last, partial window); return_indices=True returns
+    (output, indices) too, each largest element's row * W + column in its image, as PyTorch's.
+    """
+    return pool.MaxPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation,
+                                ceil_mode=ceil_mode, return_indices=return_indices)
 
 
-def avg_pool2d(input, kernel_size, stride=None, padding=0):
-    """The mean of each kernel_size window of input (N, C, H, W), the zero padding counted; stride defaults to kernel_size."""
-    return pool.AvgPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding)
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """The mean of each kernel_size window of input (N, C, H, W); stride defaults to kernel_size.
+
+    count_include_pad=False leaves the zero padding out of the mean; divisor_override divides every
+    window's sum by that number instead; ceil_mode as max_pool2d's (see ops/pool.py's AvgPool2d).
+    """
+    return pool.AvgPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding, ceil_mode=ceil_mode,
+                                count_include_pad=count_include_pad, divisor_override=divisor_override)
 
 
 def pad(input, pad, mode="constant", value=0.0):

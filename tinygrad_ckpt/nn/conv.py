@@ -75,31 +75,40 @@ class Conv2d(Module):
 
 
 class MaxPool2d(Module):
-    """The largest value of each window: F.max_pool2d (stride defaults to kernel_size)."""
+    """The largest value of each window: F.max_pool2d (stride defaults to kernel_size), PyTorch's arguments.
 
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1):
+    return_indices=True: forward returns (output, indices).
+    """
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
         pool_options("MaxPool2d", kernel_size, stride, padding, dilation)  # checked here, not at the first forward
         self.kernel_size, self.stride = _plain(kernel_size), _plain(stride)
         self.padding, self.dilation = _plain(padding), _plain(dilation)
+        self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def forward(self, x):
-        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation)
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                            self.return_indices)
 
     def extra_repr(self):
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, dilation={self.dilation}"
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}" + (", ceil_mode=True" if self.ceil_mode else ""))
 
 
 class AvgPool2d(Module):
-    """The mean of each window, zero padding counted: F.avg_pool2d (stride defaults to kernel_size)."""
+    """The mean of each window: F.avg_pool2d (stride defaults to kernel_size), PyTorch's arguments."""
 
-    def __init__(self, kernel_size, stride=None, padding=0):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
         super().__init__()
         pool_options("AvgPool2d", kernel_size, stride, padding, 1)  # checked here, not at the first forward
         self.kernel_size, self.stride, self.padding = _plain(kernel_size), _plain(stride), _plain(padding)
+        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
 
     def forward(self, x):
-        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                            self.divisor_override)
 
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
