@@ -252,16 +252,41 @@ def pad(input, pad, mode="constant", value=0.0):
     """`value` around the input, PyTorch's argument order: pad = (left, right) for the last axis, then
     (top, bottom) for the one before it, and so on: (1, 1, 2, 0) pads the last axis by one on each side
     and the axis before it by two at the start.
+
+    mode 'reflect' (the mirror image, the edge itself not repeated), 'replicate' (the edge repeated) and
+    'circular' (the other end wraps round) copy input pixels instead, as PyTorch 2.13's F.pad does, with
+    its limits: 1 to 3 trailing axes, of an input with 1 or 2 axes more; a reflection shorter than the
+    axis, a wrap at most as long. They are numpy.pad's 'reflect', 'edge' and 'wrap' applied to the
+    pixels' positions, then one gather (x[rows, columns]), whose backward adds each copy's gradient back
+    to its pixel.
     """
-    if mode != "constant":
-        raise ValueError(f"pad: only mode='constant' is supported, got {mode!r}")
     pad = tuple(pad)
     if len(pad) % 2 or len(pad) // 2 > input.ndim:
         raise ValueError(f"pad: the padding {pad} must be pairs (before, after), at most one for each of the "
                          f"input's {input.ndim} axes, got {len(pad)} numbers")
-    pairs = [tuple(pad[i:i + 2]) for i in range(0, len(pad), 2)]  # the last axis first
-    widths = [(0, 0)] * (input.ndim - len(pairs)) + pairs[::-1]  # one pair per axis, the first axis first
-    return movement.Pad.apply(input, widths=widths, value=value)
+    pairs = [tuple(pad[i:i + 2]) for i in range(0, len(pad), 2)][::-1]  # one pair per padded axis, in axis order
+    if mode == "constant":
+        return movement.Pad.apply(input, widths=[(0, 0)] * (input.ndim - len(pairs)) + pairs, value=value)
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+    k = len(pairs)
+    if not 1 <= k <= 3 or input.ndim not in (k + 1, k + 2):
+        raise NotImplementedError(f"Padding size {len(pad)} is not supported for {input.ndim}D input tensor "
+                                  f"(mode {mode!r} pads the last 1, 2 or 3 axes of an input with 1 or 2 more)")
+    positions = []
+    for axis, (before, after) in zip(range(input.ndim - k, input.ndim), pairs):
+        n = input.shape[axis]
+        if min(before, after) < 0 or (mode == "reflect" and max(before, after) >= n) or (
+                mode == "circular" and max(before, after) > n):
+            raise ValueError(f"pad: mode {mode!r} needs padding (before, after) of at least 0 and "
+                             f"{'less than' if mode == 'reflect' else 'at most'} the axis, but got padding "
+                             f"{(before, after)} at dimension {axis} of input {list(input.shape)}")
+        positions.append(numpy.pad(numpy.arange(n), (before, after), mode=PAD_MODES[mode]))  # which pixel each copies
+    grid = [backend.to_device(p, input.device) for p in numpy.ix_(*positions)]  # an open mesh: broadcast together
+    return movement.GetItem.apply(input, index=(slice(None),) * (input.ndim - k) + tuple(grid))
+
+
+PAD_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}  # PyTorch's name: numpy.pad's
 
 
 def embedding(indices, weight):
