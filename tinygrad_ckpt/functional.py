@@ -101,8 +101,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return nn.LayerNorm.apply(x, weight, bias, eps=eps)
 
 
-def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
-    """Cross-entropy of logits (..., C) against integer targets (...).
+def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """Cross-entropy of logits (..., C) against integer targets (...), or class probabilities (..., C).
 
     reduction: 'mean' (over the targets that count), 'sum', or 'none': one
     loss per target, of the targets' shape, 0 where the target is ignored.
@@ -111,30 +111,97 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
     (0 / 0) and the sum 0, and the gradient is zero either way, as in PyTorch.
     Targets that are not an integer array or Tensor (a list, floats) are a
     TypeError; a target out of 0..C-1 is a ValueError (checked on the host).
+
+    As PyTorch 2.13's (aten/src/ATen/native/LossNLL.cpp), with the classes on the last axis:
+    weight (C,): each target's loss times its class's weight; the mean divides by the counted
+    targets' weights. label_smoothing e in [0, 1]: the target is (1 - e) onehot + e / C, so the
+    loss is (1 - e) the plain loss + e / C sum_c -weight[c] log p[c], the second term reduced as the
+    first. Class probabilities q (floats of the logits' shape, a Tensor or an array): loss =
+    -sum_c weight[c] q[c] log p[c] per row, the mean over the rows, differentiable in q as well.
     """
     if not isinstance(logits, Tensor):
         raise TypeError(f"cross_entropy: logits must be a Tensor, got a {type(logits).__name__}; wrap it: Tensor(logits)")
     if logits.ndim == 0:
         raise ValueError("cross_entropy: logits must have an axis of classes, got a 0-d tensor")
-    targets = targets.data if isinstance(targets, Tensor) else targets
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    C = logits.shape[-1]
+    weight = _class_weights(weight, C, logits)
+    raw = targets.data if isinstance(targets, Tensor) else targets
+    if hasattr(raw, "dtype") and raw.dtype.kind == "f" and tuple(raw.shape) == logits.shape:
+        if ignore_index >= 0:
+            raise ValueError("cross_entropy: ignore_index is not supported for floating point target")
+        return _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing)
+    targets = raw
     if isinstance(targets, numpy.generic):  # one NumPy integer: an array, so its range is checked
         targets = numpy.asarray(targets)
     if not hasattr(targets, "dtype"):
         raise TypeError(f"cross_entropy: targets must be an integer array or Tensor of class indices, got a "
                         f"{type(targets).__name__}; pass numpy.array(targets)")
     if targets.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}; "
-                        "pass targets.astype(numpy.int64) (class probabilities as targets are not supported)")
+        raise TypeError(f"cross_entropy: targets must be integers (class indices), or class probabilities of the "
+                        f"logits' shape {logits.shape}; got dtype {targets.dtype}, shape {tuple(targets.shape)}")
     if tuple(targets.shape) != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {logits.shape}")
     if isinstance(targets, numpy.ndarray):
         # Checked while on the host, where it is free; then copied to the device once.
         # (Targets already on a GPU are not checked: that would wait for the GPU.)
-        _check_class_range(targets, logits.shape[-1], ignore_index)
+        _check_class_range(targets, C, ignore_index)
         targets = backend.to_device(targets, logits.device)
-    flat = logits.reshape(-1, logits.shape[-1]) if logits.ndim != 2 else logits  # (N, C)
-    loss = nn.CrossEntropy.apply(flat, targets=targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+    flat, targets = logits.reshape(-1, C) if logits.ndim != 2 else logits, targets.reshape(-1)  # (N, C), (N,)
+    loss = nn.CrossEntropy.apply(flat, targets=targets, weight=weight, ignore_index=ignore_index, reduction=reduction)
+    if label_smoothing:
+        smooth = _smoothing_term(flat, targets, weight, ignore_index, reduction)
+        loss = loss * (1 - label_smoothing) + smooth * (label_smoothing / C)
     return loss.reshape(logits.shape[:-1]) if reduction == "none" and logits.ndim != 2 else loss  # (N,) -> the targets' shape
+
+
+def _class_weights(weight, C, logits):
+    """cross_entropy's weight as an array (C,) on the logits' device (None stays None)."""
+    if weight is None:
+        return None
+    weight = weight.data if isinstance(weight, Tensor) else numpy.asarray(weight, dtype=logits.dtype)
+    if tuple(weight.shape) != (C,):
+        raise ValueError(f"cross_entropy: weight tensor should be defined either for all {C} classes or no classes "
+                         f"but got weight tensor of shape: {list(weight.shape)}")
+    return backend.to_device(weight, logits.device)
+
+
+def _smoothing_term(logits, targets, weight, ignore_index, reduction):
+    """Label smoothing's second term: sum_c -weight[c] log p[n, c] per row (0 where ignored), reduced as the loss is:
+    the mean divides by the same denominator, the counted rows' weights (PyTorch's)."""
+    logp = log_softmax(logits, axis=-1)  # (N, C)
+    if weight is not None:
+        logp = logp * Tensor(weight, device=logits.device)
+    valid = targets != ignore_index
+    smooth = where(valid, -logp.sum(axis=-1), 0.0)  # (N,)
+    if reduction == "none":
+        return smooth
+    if reduction == "sum":
+        return smooth.sum()
+    counted = valid if weight is None else weight[backend.array_module(targets).where(valid, targets, 0)] * valid
+    with numpy.errstate(invalid="ignore"):  # nothing counted: NaN, as the loss
+        return smooth.sum() / Tensor(counted.sum(dtype=logits.dtype), device=logits.device)
+
+
+def _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing):
+    """-sum_c weight[c] q[c] log p[c] per row, q the (smoothed) class probabilities; composed, so q takes a gradient too."""
+    C = logits.shape[-1]
+    q = targets if isinstance(targets, Tensor) else Tensor(targets.astype(logits.dtype), device=logits.device)
+    if label_smoothing:
+        q = q * (1 - label_smoothing) + label_smoothing / C
+    terms = log_softmax(logits, axis=-1) * q  # (..., C)
+    if weight is not None:
+        terms = terms * Tensor(weight, device=logits.device)
+    loss = -terms.sum(axis=-1)  # (...)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    with numpy.errstate(invalid="ignore"):  # no rows: NaN, as in PyTorch
+        return loss.sum() / (logits.numel() // C if logits.numel() else float("nan"))
 
 
 def _check_class_range(targets, classes, ignore_index):
