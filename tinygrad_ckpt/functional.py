@@ -141,8 +141,8 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
         raise TypeError(f"cross_entropy: targets must be an integer array or Tensor of class indices, got a "
                         f"{type(targets).__name__}; pass numpy.array(targets)")
     if targets.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers (class indices), or class probabilities of the "
-                        f"logits' shape {logits.shape}; got dtype {targets.dtype}, shape {tuple(targets.shape)}")
+        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}; pass "
+                        f"targets.astype(numpy.int64) (or class probabilities: floats of the logits' shape {logits.shape})")
     if tuple(targets.shape) != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {logits.shape}")
     if isinstance(targets, numpy.ndarray):
