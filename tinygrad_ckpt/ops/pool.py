@@ -80,7 +80,7 @@ class MaxPool2d(Function):
         _check_input("max_pool2d", x)
         out_size = output_size("max_pool2d", x.shape, kernel, stride, padding, dilation, ceil_mode)
         overhang = _overhang(x.shape, kernel, stride, padding, dilation, out_size)
-        (N, C, H, W), (kh, kw), (OH, OW) = x.shape, kernel, out_size
+        (N, C, _, W), (kh, kw), (OH, OW) = x.shape, kernel, out_size
         view = windows(_pad(x, padding, overhang, -float("inf")), kernel, stride, dilation, out_size)
         flat = view.reshape(N, C, kh * kw, OH, OW)  # a copy: the window's elements along one axis
         position = flat.argmax(axis=2)  # (N, C, OH, OW): which element, i * kw + j
