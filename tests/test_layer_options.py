@@ -179,11 +179,7 @@ def test_pad_modes_are_numpy_pads_and_their_gradients_add_back(mode, axes, data)
 @given(padded_conv_cases())
 def test_padding_mode_gradients(case):
     x, o = case
-    conv = nn.Conv2d(2, 3, **o, dtype=F64, rng=numpy.random.default_rng(0))
-    check_grad(lambda t, w: F.conv2d(F.pad(t, conv._pads(), o["padding_mode"]) if o["padding_mode"] != "zeros"
-                                     else t, w, None, o["stride"], 0 if o["padding_mode"] != "zeros" else o["padding"]),
-               x, conv.weight.numpy())
-    check_grad(conv, x)
+    check_grad(nn.Conv2d(2, 3, **o, dtype=F64, rng=numpy.random.default_rng(0)), x)
 
 
 @pytest.mark.parametrize("call, error, message", [
@@ -381,6 +377,7 @@ def test_pooling_options_match_pytorch(case, count_include_pad, divisor_override
     torch = _torch()
     x, o = case
     out, indices = F.max_pool2d(Tensor(x), **o, return_indices=True)
+    assume(numpy.isfinite(out.numpy()).all())  # a window of padding only (dilation) has no largest pixel to point at
     numpy.testing.assert_array_equal(indices.numpy(), torch.nn.functional.max_pool2d(
         torch.tensor(x), **o, return_indices=True)[1].numpy())
     _same_as_torch(lambda t: F.max_pool2d(t, **o), lambda t: torch.nn.functional.max_pool2d(t, **o), [x], torch)
