@@ -48,7 +48,7 @@ from tinygrad_ckpt.testing import strict_cupy  # noqa: E402
 ENGINE_TESTS = {
     "test_ops.py", "test_axes.py", "test_tape.py", "test_errors.py", "test_nn.py", "test_optim.py",
     "test_accumulate.py", "test_checkpoint.py", "test_checkpoint_semantics.py", "test_saved.py", "test_memory.py",
-    "test_autograd.py", "test_equivalence.py", "test_lstm.py", "test_encoder.py",
+    "test_autograd.py", "test_equivalence.py", "test_lstm.py", "test_encoder.py", "test_layer_options.py",
 }
 
 

@@ -187,7 +187,8 @@ def test_a_second_batchnorm_update_is_caught_in_the_buffers():
         return fn(x)
 
     report = check_checkpoint(model, x, strategy=twice)
-    assert [e.name for e in report.failures] == ["buffer 1.running_mean", "buffer 1.running_var"]
+    assert sorted(e.name for e in report.failures) == [
+        "buffer 1.num_batches_tracked", "buffer 1.running_mean", "buffer 1.running_var"]  # counted twice too
     assert check_checkpoint(model, x)  # the real checkpoint updates them once
 
 

@@ -121,7 +121,7 @@ def test_modules_and_children():
 
 def test_buffers_are_in_state_dict_but_not_parameters():
     model = TwoLayer()
-    assert [n for n, _ in model.named_buffers()] == ["norm.running_mean", "norm.running_var"]
+    assert [n for n, _ in model.named_buffers()] == ["norm.running_mean", "norm.running_var", "norm.num_batches_tracked"]
     assert "norm.running_mean" in model.state_dict()
     assert all(not n.startswith("norm.running") for n, _ in model.named_parameters())
 

@@ -204,8 +204,10 @@ def test_batchnorm_momentum_out_of_range_is_refused(momentum):
         nn.BatchNorm2d(3, momentum=momentum)
 
 
-def test_batchnorm_default_state_dict_keeps_its_two_buffers():
-    assert [name for name, _ in nn.BatchNorm2d(3).named_buffers()] == ["running_mean", "running_var"]
+def test_batchnorm_buffers_are_pytorchs_three():
+    """PyTorch 2.13 keeps num_batches_tracked for every momentum, so a state_dict loads in either."""
+    names = [name for name, _ in nn.BatchNorm2d(3).named_buffers()]
+    assert names == ["running_mean", "running_var", "num_batches_tracked"]
 
 
 # -- LSTM ------------------------------------------------------------------------------

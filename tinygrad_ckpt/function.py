@@ -244,7 +244,9 @@ class Function:
         outs = out if isinstance(out, tuple) else (out,)
         requires_grad = any(needs_input_grad)
         # device=: outputs stay where the op ran, whatever the default device is
-        tensors = tuple(Tensor(o, requires_grad=requires_grad, device=backend.device_of(o)) for o in outs)
+        # (an integer output, such as max pooling's indices, takes no gradient: it does not require one)
+        tensors = tuple(Tensor(o, requires_grad=requires_grad and autocast.is_float(o.dtype), device=backend.device_of(o))
+                        for o in outs)
         _share_versions_of_views(tensors, inputs)
         node = None
         if requires_grad:

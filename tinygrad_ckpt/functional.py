@@ -101,8 +101,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return nn.LayerNorm.apply(x, weight, bias, eps=eps)
 
 
-def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
-    """Cross-entropy of logits (..., C) against integer targets (...).
+def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """Cross-entropy of logits (..., C) against integer targets (...), or class probabilities (..., C).
 
     reduction: 'mean' (over the targets that count), 'sum', or 'none': one
     loss per target, of the targets' shape, 0 where the target is ignored.
@@ -111,30 +111,97 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
     (0 / 0) and the sum 0, and the gradient is zero either way, as in PyTorch.
     Targets that are not an integer array or Tensor (a list, floats) are a
     TypeError; a target out of 0..C-1 is a ValueError (checked on the host).
+
+    As PyTorch 2.13's (aten/src/ATen/native/LossNLL.cpp), with the classes on the last axis:
+    weight (C,): each target's loss times its class's weight; the mean divides by the counted
+    targets' weights. label_smoothing e in [0, 1]: the target is (1 - e) onehot + e / C, so the
+    loss is (1 - e) the plain loss + e / C sum_c -weight[c] log p[c], the second term reduced as the
+    first. Class probabilities q (floats of the logits' shape, a Tensor or an array): loss =
+    -sum_c weight[c] q[c] log p[c] per row, the mean over the rows, differentiable in q as well.
     """
     if not isinstance(logits, Tensor):
         raise TypeError(f"cross_entropy: logits must be a Tensor, got a {type(logits).__name__}; wrap it: Tensor(logits)")
     if logits.ndim == 0:
         raise ValueError("cross_entropy: logits must have an axis of classes, got a 0-d tensor")
-    targets = targets.data if isinstance(targets, Tensor) else targets
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    C = logits.shape[-1]
+    weight = _class_weights(weight, C, logits)
+    raw = targets.data if isinstance(targets, Tensor) else targets
+    if hasattr(raw, "dtype") and raw.dtype.kind == "f" and tuple(raw.shape) == logits.shape:
+        if ignore_index >= 0:
+            raise ValueError("cross_entropy: ignore_index is not supported for floating point target")
+        return _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing)
+    targets = raw
     if isinstance(targets, numpy.generic):  # one NumPy integer: an array, so its range is checked
         targets = numpy.asarray(targets)
     if not hasattr(targets, "dtype"):
         raise TypeError(f"cross_entropy: targets must be an integer array or Tensor of class indices, got a "
                         f"{type(targets).__name__}; pass numpy.array(targets)")
     if targets.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}; "
-                        "pass targets.astype(numpy.int64) (class probabilities as targets are not supported)")
+        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {targets.dtype}; pass "
+                        f"targets.astype(numpy.int64) (or class probabilities: floats of the logits' shape {logits.shape})")
     if tuple(targets.shape) != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape {logits.shape}")
     if isinstance(targets, numpy.ndarray):
         # Checked while on the host, where it is free; then copied to the device once.
         # (Targets already on a GPU are not checked: that would wait for the GPU.)
-        _check_class_range(targets, logits.shape[-1], ignore_index)
+        _check_class_range(targets, C, ignore_index)
         targets = backend.to_device(targets, logits.device)
-    flat = logits.reshape(-1, logits.shape[-1]) if logits.ndim != 2 else logits  # (N, C)
-    loss = nn.CrossEntropy.apply(flat, targets=targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
+    flat, targets = logits.reshape(-1, C) if logits.ndim != 2 else logits, targets.reshape(-1)  # (N, C), (N,)
+    loss = nn.CrossEntropy.apply(flat, targets=targets, weight=weight, ignore_index=ignore_index, reduction=reduction)
+    if label_smoothing:
+        smooth = _smoothing_term(flat, targets, weight, ignore_index, reduction)
+        loss = loss * (1 - label_smoothing) + smooth * (label_smoothing / C)
     return loss.reshape(logits.shape[:-1]) if reduction == "none" and logits.ndim != 2 else loss  # (N,) -> the targets' shape
+
+
+def _class_weights(weight, C, logits):
+    """cross_entropy's weight as an array (C,) on the logits' device (None stays None)."""
+    if weight is None:
+        return None
+    weight = weight.data if isinstance(weight, Tensor) else numpy.asarray(weight, dtype=logits.dtype)
+    if tuple(weight.shape) != (C,):
+        raise ValueError(f"cross_entropy: weight tensor should be defined either for all {C} classes or no classes "
+                         f"but got weight tensor of shape: {list(weight.shape)}")
+    return backend.to_device(weight, logits.device)
+
+
+def _smoothing_term(logits, targets, weight, ignore_index, reduction):
+    """Label smoothing's second term: sum_c -weight[c] log p[n, c] per row (0 where ignored), reduced as the loss is:
+    the mean divides by the same denominator, the counted rows' weights (PyTorch's)."""
+    logp = log_softmax(logits, axis=-1)  # (N, C)
+    if weight is not None:
+        logp = logp * Tensor(weight, device=logits.device)
+    valid = targets != ignore_index
+    smooth = where(valid, -logp.sum(axis=-1), 0.0)  # (N,)
+    if reduction == "none":
+        return smooth
+    if reduction == "sum":
+        return smooth.sum()
+    counted = valid if weight is None else weight[backend.array_module(targets).where(valid, targets, 0)] * valid
+    with numpy.errstate(invalid="ignore"):  # nothing counted: NaN, as the loss
+        return smooth.sum() / Tensor(counted.sum(dtype=logits.dtype), device=logits.device)
+
+
+def _cross_entropy_probabilities(logits, targets, weight, reduction, label_smoothing):
+    """-sum_c weight[c] q[c] log p[c] per row, q the (smoothed) class probabilities; composed, so q takes a gradient too."""
+    C = logits.shape[-1]
+    q = targets if isinstance(targets, Tensor) else Tensor(targets.astype(logits.dtype), device=logits.device)
+    if label_smoothing:
+        q = q * (1 - label_smoothing) + label_smoothing / C
+    terms = log_softmax(logits, axis=-1) * q  # (..., C)
+    if weight is not None:
+        terms = terms * Tensor(weight, device=logits.device)
+    loss = -terms.sum(axis=-1)  # (...)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    with numpy.errstate(invalid="ignore"):  # no rows: NaN, as in PyTorch
+        return loss.sum() / (logits.numel() // C if logits.numel() else float("nan"))
 
 
 def _check_class_range(targets, classes, ignore_index):
@@ -227,30 +294,66 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return conv.Conv2d.apply(*inputs, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
-def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1):
-    """The largest value of each kernel_size window of input (N, C, H, W); stride defaults to kernel_size."""
-    return pool.MaxPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation)
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """The largest value of each kernel_size window of input (N, C, H, W); stride defaults to kernel_size.
+
+    ceil_mode=True rounds the output size up (a last, partial window); return_indices=True returns
+    (output, indices) too, each largest element's row * W + column in its image, as PyTorch's.
+    """
+    return pool.MaxPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation,
+                                ceil_mode=ceil_mode, return_indices=return_indices)
 
 
-def avg_pool2d(input, kernel_size, stride=None, padding=0):
-    """The mean of each kernel_size window of input (N, C, H, W), the zero padding counted; stride defaults to kernel_size."""
-    return pool.AvgPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding)
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """The mean of each kernel_size window of input (N, C, H, W); stride defaults to kernel_size.
+
+    count_include_pad=False leaves the zero padding out of the mean; divisor_override divides every
+    window's sum by that number instead; ceil_mode as max_pool2d's (see ops/pool.py's AvgPool2d).
+    """
+    return pool.AvgPool2d.apply(input, kernel_size=kernel_size, stride=stride, padding=padding, ceil_mode=ceil_mode,
+                                count_include_pad=count_include_pad, divisor_override=divisor_override)
 
 
 def pad(input, pad, mode="constant", value=0.0):
     """`value` around the input, PyTorch's argument order: pad = (left, right) for the last axis, then
     (top, bottom) for the one before it, and so on: (1, 1, 2, 0) pads the last axis by one on each side
     and the axis before it by two at the start.
+
+    mode 'reflect' (the mirror image, the edge itself not repeated), 'replicate' (the edge repeated) and
+    'circular' (the other end wraps round) copy input pixels instead, as PyTorch 2.13's F.pad does, with
+    its limits: 1 to 3 trailing axes, of an input with 1 or 2 axes more; a reflection shorter than the
+    axis, a wrap at most as long. They are numpy.pad's 'reflect', 'edge' and 'wrap' applied to the
+    pixels' positions, then one gather (x[rows, columns]), whose backward adds each copy's gradient back
+    to its pixel.
     """
-    if mode != "constant":
-        raise ValueError(f"pad: only mode='constant' is supported, got {mode!r}")
     pad = tuple(pad)
     if len(pad) % 2 or len(pad) // 2 > input.ndim:
         raise ValueError(f"pad: the padding {pad} must be pairs (before, after), at most one for each of the "
                          f"input's {input.ndim} axes, got {len(pad)} numbers")
-    pairs = [tuple(pad[i:i + 2]) for i in range(0, len(pad), 2)]  # the last axis first
-    widths = [(0, 0)] * (input.ndim - len(pairs)) + pairs[::-1]  # one pair per axis, the first axis first
-    return movement.Pad.apply(input, widths=widths, value=value)
+    pairs = [tuple(pad[i:i + 2]) for i in range(0, len(pad), 2)][::-1]  # one pair per padded axis, in axis order
+    if mode == "constant":
+        return movement.Pad.apply(input, widths=[(0, 0)] * (input.ndim - len(pairs)) + pairs, value=value)
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+    k = len(pairs)
+    if not 1 <= k <= 3 or input.ndim not in (k + 1, k + 2):
+        raise NotImplementedError(f"Padding size {len(pad)} is not supported for {input.ndim}D input tensor "
+                                  f"(mode {mode!r} pads the last 1, 2 or 3 axes of an input with 1 or 2 more)")
+    positions = []
+    for axis, (before, after) in zip(range(input.ndim - k, input.ndim), pairs):
+        n = input.shape[axis]
+        if min(before, after) < 0 or (mode == "reflect" and max(before, after) >= n) or (
+                mode == "circular" and max(before, after) > n):
+            raise ValueError(f"pad: mode {mode!r} needs padding (before, after) of at least 0 and "
+                             f"{'less than' if mode == 'reflect' else 'at most'} the axis, but got padding "
+                             f"{(before, after)} at dimension {axis} of input {list(input.shape)}")
+        positions.append(numpy.pad(numpy.arange(n), (before, after), mode=PAD_MODES[mode]))  # which pixel each copies
+    grid = [backend.to_device(p, input.device) for p in numpy.ix_(*positions)]  # an open mesh: broadcast together
+    return movement.GetItem.apply(input, index=(slice(None),) * (input.ndim - k) + tuple(grid))
+
+
+PAD_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}  # PyTorch's name: numpy.pad's
 
 
 def embedding(indices, weight):

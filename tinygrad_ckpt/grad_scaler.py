@@ -73,6 +73,7 @@ import numpy
 
 from . import backend
 from .autocast import is_16bit
+from .tensor import Tensor
 
 # Where one optimizer is within an iteration (PyTorch's OptState).
 READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
@@ -108,11 +109,21 @@ class GradScaler:
         """The scale the next scale(loss) multiplies by (1.0 when disabled)."""
         return self._scale if self.enabled else 1.0
 
-    def scale(self, loss):
-        """loss * scale, a new Tensor: backpropagate it instead of the loss."""
+    def scale(self, outputs):
+        """outputs * scale, a new Tensor: backpropagate it instead of the loss.
+
+        outputs may also be a list or tuple of Tensors (nested too): each is
+        scaled, in a container of the same type, as PyTorch 2.13's scale()
+        does (there any other iterable gives a lazy map; here it is refused).
+        """
         if not self.enabled:
-            return loss
-        return loss * self._scale
+            return outputs
+        if isinstance(outputs, Tensor):
+            return outputs * self._scale
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        raise ValueError(f"outputs must be a Tensor or an iterable of Tensors (a list or a tuple here), "
+                         f"got a {type(outputs).__name__}")
 
     def unscale_(self, optimizer):
         """Divide every gradient of the optimizer's parameters by the scale, in place; note whether all are finite.

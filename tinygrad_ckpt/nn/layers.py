@@ -145,32 +145,34 @@ class LayerNorm(Module):
 
 
 class _BatchNorm(Module):
-    """Normalise each channel (axis 1) over every other axis, as BatchNorm1d and BatchNorm2d do.
+    """Normalise each channel (axis 1) over every other axis, as BatchNorm1d and BatchNorm2d do
+    (PyTorch 2.13's torch/nn/modules/batchnorm.py, its arguments and buffers).
 
     Training: normalise with the batch's mean and (biased) variance, and move
     the running statistics towards them:
         running = (1 - momentum) * running + momentum * batch statistic
     (the running variance takes the unbiased batch variance, as in PyTorch).
-    momentum=None is PyTorch's cumulative average: after the n-th batch the
-    factor is 1/n, so the running statistics are the plain mean of every
-    batch's. The count is then kept in a buffer, num_batches_tracked, saved
-    with the model so that a resumed run goes on averaging (PyTorch keeps it
-    for every momentum; here only where it is read, so the default's
-    state_dict keeps its two entries).
-    An empty batch (N = 0) gives an empty output and leaves the statistics
-    as they were, as PyTorch's does (here the count too).
+    num_batches_tracked counts the training batches; momentum=None uses it
+    for PyTorch's cumulative average: after the n-th batch the factor is 1/n,
+    so the running statistics are the plain mean of every batch's. An empty
+    batch (N = 0) gives an empty output, counts, and leaves the statistics
+    as they were, as PyTorch's does.
     Evaluation: normalise with the running statistics.
+    track_running_stats=False keeps no running statistics (the three
+    buffers are None) and normalises with the batch's, in evaluation too.
+    reset_running_stats() puts them back to mean 0, variance 1, count 0.
 
     Composed from elementwise and reduce ops, so its backward comes for free;
     it saves more than a fused op would, which is fine for a layer the
     reference workloads do not use.
     """
 
-    _buffers = ("running_mean", "running_var")
+    _buffers = ("running_mean", "running_var", "num_batches_tracked")
     ndims = ()  # the numbers of axes a subclass takes (N, C first)
     expected = ""  # and those shapes in words, for its error message
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype=numpy.float32, device=None):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 dtype=numpy.float32, device=None):
         super().__init__()
         name = type(self).__name__
         num_features = size(name, "num_features", num_features)
@@ -179,13 +181,23 @@ class _BatchNorm(Module):
             raise ValueError(f"{name}: momentum must be a number in [0, 1], or None for a cumulative average, "
                              f"got {momentum!r}")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.track_running_stats = bool(track_running_stats)
         self.weight = _constant(1.0, (num_features,), dtype, device) if affine else None
         self.bias = _constant(0.0, (num_features,), dtype, device) if affine else None
-        self.running_mean = _buffer(0.0, (num_features,), dtype, device)
-        self.running_var = _buffer(1.0, (num_features,), dtype, device)
-        if momentum is None:  # the cumulative average counts its batches
-            self._buffers = (*self._buffers, "num_batches_tracked")
+        if self.track_running_stats:
+            self.running_mean = _buffer(0.0, (num_features,), dtype, device)
+            self.running_var = _buffer(1.0, (num_features,), dtype, device)
             self.num_batches_tracked = _buffer(0, (), numpy.int64, device)
+        else:
+            self._buffers = ()
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def reset_running_stats(self):
+        """Running mean 0, running variance 1, no batches counted (nothing to do without running statistics)."""
+        if self.track_running_stats:
+            self.running_mean.fill_(0.0)
+            self.running_var.fill_(1.0)
+            self.num_batches_tracked.fill_(0)
 
     def forward(self, x):
         C, name = self.num_features, type(self).__name__
@@ -193,20 +205,24 @@ class _BatchNorm(Module):
             raise ValueError(f"{name}({C}) expects input {self.expected.format(C=C)}, got shape {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))  # every axis but the channels
         shape = (1, C) + (1,) * (x.ndim - 2)  # a per-channel value, broadcastable to x
-        if self.training and x.numel() == 0:  # an empty batch: nothing to normalise, no statistics
+        if self.training and self.track_running_stats and not is_recomputing():
+            self.num_batches_tracked.add_(1)  # once per training forward (a checkpoint's recompute is not one)
+        if x.numel() == 0:  # an empty batch: nothing to normalise, no statistics
             out = x.reshape(x.shape)  # a new (empty) tensor, as PyTorch returns one
-        elif self.training:
-            n = x.numel() // C  # values per channel
-            if n < 2:
-                raise ValueError(f"{name} needs more than one value per channel in training mode, got input shape {x.shape}")
-            mean = x.mean(axis=axes, keepdims=True)  # (1, C, 1...)
-            centered = x - mean
-            var = (centered * centered).mean(axis=axes, keepdims=True)  # biased: what we normalise with
-            self._update_running_stats(mean.data.reshape(C), var.data.reshape(C) * (n / (n - 1)))
-            out = centered / (var + self.eps).sqrt()
         else:
-            centered = x - Tensor(self.running_mean.data.reshape(shape), device=x.device)
-            var = Tensor(self.running_var.data.reshape(shape), device=x.device)
+            if self.training or not self.track_running_stats:  # the batch's statistics
+                n = x.numel() // C  # values per channel
+                if n < 2:  # PyTorch's error too (in evaluation without running statistics as well)
+                    raise ValueError(f"{name} needs more than one value per channel to normalise with the "
+                                     f"batch's statistics, got input shape {x.shape}")
+                mean = x.mean(axis=axes, keepdims=True)  # (1, C, 1...)
+                centered = x - mean
+                var = (centered * centered).mean(axis=axes, keepdims=True)  # biased: what we normalise with
+                if self.training and self.track_running_stats:
+                    self._update_running_stats(mean.data.reshape(C), var.data.reshape(C) * (n / (n - 1)))
+            else:  # evaluation: the running statistics
+                centered = x - Tensor(self.running_mean.data.reshape(shape), device=x.device)
+                var = Tensor(self.running_var.data.reshape(shape), device=x.device)
             out = centered / (var + self.eps).sqrt()
         if self.weight is not None:
             out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
@@ -214,7 +230,7 @@ class _BatchNorm(Module):
 
     def _update_running_stats(self, mean, var):
         """running = (1 - momentum) * running + momentum * batch, in place (mean, var: arrays (C,));
-        with momentum None the factor is 1 / (batches so far).
+        with momentum None the factor is 1 / num_batches_tracked.
 
         Not while a checkpointed segment recomputes its forward: that forward
         already updated them once (PyTorch updates them twice).
@@ -222,7 +238,6 @@ class _BatchNorm(Module):
         if is_recomputing():
             return
         if self.momentum is None:
-            self.num_batches_tracked.add_(1)
             count = self.num_batches_tracked
             m = 1.0 / float(count.item()) if backend.holds_values(count.device) else 1.0  # meta: no values
         else:
@@ -231,7 +246,8 @@ class _BatchNorm(Module):
         self.running_var.mul_(1 - m).add_(var, alpha=m)
 
     def extra_repr(self):
-        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+        tracked = "" if self.track_running_stats else ", track_running_stats=False"
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}{tracked}"
 
 
 class BatchNorm1d(_BatchNorm):

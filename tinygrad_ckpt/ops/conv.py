@@ -39,20 +39,30 @@ def pair(op, name, value, smallest):
     return tuple(int(v) for v in values)
 
 
-def output_size(op, x_shape, kernel, stride, padding, dilation):
+def output_size(op, x_shape, kernel, stride, padding, dilation, ceil_mode=False):
     """(OH, OW): how many windows fit, OH = (H + 2 ph - dh (kh - 1) - 1) // sh + 1 (and OW alike).
 
-    A kernel larger than the padded input is an error, as in PyTorch.
+    ceil_mode (pooling) rounds the division up instead, so a last, partial
+    window covers what is left of the image, but only if it starts inside
+    the image or its left padding (PyTorch 2.13's pooling_output_shape,
+    aten/src/ATen/native/Pool.h). A kernel larger than the padded input is an
+    error, as in PyTorch.
     """
     if len(x_shape) != 4:
         raise ValueError(f"{op}: expected a 4-D input (N, C, H, W), got shape {tuple(x_shape)}")
     padded = [n + 2 * p for n, p in zip(x_shape[2:], padding)]
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]  # a dilated kernel's extent
-    if any(s > n for s, n in zip(spans, padded)):
+    sizes = []
+    for n, p, s, st in zip(x_shape[2:], padding, spans, stride):
+        size = (n + 2 * p - s + (st - 1 if ceil_mode else 0)) // st + 1
+        if ceil_mode and (size - 1) * st >= n + p:  # the last window would start in the right padding
+            size -= 1
+        sizes.append(size)
+    if min(sizes) < 1:
         raise ValueError(f"{op}: padded input size per channel ({padded[0]} x {padded[1]}) is smaller than "
                          f"the (dilated) kernel size ({spans[0]} x {spans[1]}): the kernel cannot be "
                          "greater than the padded input")
-    return tuple((n - s) // st + 1 for n, s, st in zip(padded, spans, stride))
+    return tuple(sizes)
 
 
 def windows(x, kernel, stride, dilation, out_size):

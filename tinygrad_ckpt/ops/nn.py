@@ -131,23 +131,26 @@ class LayerNorm(Function):
 
 
 class CrossEntropy(Function):
-    """loss = -log softmax(logits)[target], averaged over the targets that count.
+    """loss_n = -w_n log softmax(logits_n)[target_n], w_n = weight[target_n] (1 without a weight), reduced:
 
-        dlogits = (softmax(logits) - onehot(target)) * g / count   (zero on ignored rows)
+        'mean'  sum_n loss_n / sum_n w_n   (over the targets that count)
+        'sum'   sum_n loss_n,   'none'  the (N,) losses
+        dlogits_n = w_n (softmax(logits_n) - onehot(target_n)) * g / sum_n w_n   (for 'mean'; zero on ignored rows)
 
     logits: (N, C); targets: (N,) integers, `ignore_index` marks rows that do
-    not count (padding). reduction 'mean' divides by the number of counted
-    rows, 'sum' does not, 'none' returns the (N,) losses, 0 on ignored rows
-    (then g is (N,) too: dlogits row n is scaled by g[n]). Fusing
+    not count (padding): w_n = 0 there, in the sum and the mean's
+    denominator (PyTorch 2.13's nll_loss divides by the weights too).
+    For 'none', g is (N,): dlogits row n is scaled by g[n]. Fusing
     log-softmax with the loss means one saved (N, C) array, the
-    log-probabilities, plus the targets.
+    log-probabilities, plus the targets (and the (C,) weight, if any).
 
     With every row ignored the mean is 0 / 0 = NaN and the gradient is zero,
-    as in PyTorch; the sum is 0.
+    as in PyTorch; the sum is 0. (Label smoothing and class-probability
+    targets are composed in F.cross_entropy, as PyTorch composes them.)
     """
 
     @staticmethod
-    def forward(ctx, logits, targets, ignore_index=-100, reduction="mean"):
+    def forward(ctx, logits, targets, weight=None, ignore_index=-100, reduction="mean"):
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         xp = array_module(logits, targets)
@@ -164,26 +167,35 @@ class CrossEntropy(Function):
             lse[start:start + rows] = xp.exp(logp[start:start + rows]).sum(axis=1, keepdims=True)
         logp -= xp.log(lse, out=lse)  # in place: log-probabilities
         safe = xp.where(valid, targets, 0)
-        picked = logp[xp.arange(n), safe] * valid
+        weight = None if weight is None else weight.astype(logp.dtype, copy=False)
+        w = _row_weights(valid, safe, weight)
+        picked = logp[xp.arange(n), safe] * w
         ctx.reduction = reduction
-        ctx.save_for_backward(logp, safe, valid)
+        ctx.save_for_backward(logp, safe, valid, weight)
         if reduction == "none":
             return -picked  # (N,): 0 on ignored rows
         if reduction == "sum":
             return -picked.sum()
         with numpy.errstate(invalid="ignore"):  # no row counts: NaN, as in PyTorch, without a warning
-            return -picked.sum() / valid.sum(dtype=logits.dtype)  # count in our dtype: no float64 upcast
+            return -picked.sum() / w.sum(dtype=logits.dtype)  # in our dtype: no float64 upcast
 
     @staticmethod
     def backward(ctx, g):
-        logp, safe, valid = ctx.saved_arrays
+        logp, safe, valid, weight = ctx.saved_arrays
         xp = array_module(logp)
+        w = _row_weights(valid, safe, weight)
         grad = xp.exp(logp)
         grad[xp.arange(len(safe)), safe] -= 1
-        # With no row counted the scale is g / 1, multiplied by all-False: a zero gradient, not NaN.
-        scale = g / xp.maximum(valid.sum(dtype=g.dtype), 1) if ctx.reduction == "mean" else g  # (N,) for 'none'
-        grad *= (valid * scale)[:, None]
+        if ctx.reduction == "mean":  # with no weight counted: g / 1, times all-zero w: a zero gradient, not NaN
+            total = w.sum(dtype=g.dtype)
+            g = g / xp.where(total == 0, 1, total)
+        grad *= (w * g)[:, None]  # g is (N,) for 'none'
         return grad
+
+
+def _row_weights(valid, safe, weight):
+    """w_n: the weight of row n's class, 0 where the row is ignored; the mask itself without a weight."""
+    return valid if weight is None else weight[safe] * valid
 
 
 BLOCK_ELEMENTS = 1 << 15  # elements per block of rows (128 KiB of float32): CrossEntropy's exponentials
