@@ -6,6 +6,7 @@ wheel: torch/include/ATen/autocast_mode.h), the ones its CUDA autocast registers
 These tests need no torch; the last one, which runs torch's CPU autocast beside ours, skips without it.
 """
 
+import contextlib
 import importlib
 import pkgutil
 
@@ -235,6 +236,26 @@ def test_a_16bit_cnn_computes_its_convolutions_in_16_bits(low, batch, seed):
     assert loss.dtype == F32
     loss.backward()
     assert all(p.grad.dtype == F32 for p in model.parameters())  # master weights: float32 gradients
+
+
+@pytest.mark.parametrize("low", sorted(LOW))
+@settings(max_examples=examples(3))
+@given(batch=st.integers(2, 3), seed=st.integers(0, 2**16))
+def test_batchnorm_hands_a_16bit_input_on_in_16_bits_and_keeps_float32_statistics(low, batch, seed):
+    """As PyTorch's batch_norm: the ReLU and the pooling after it run (and save) in 16 bits; the running
+    statistics stay float32, within 16-bit rounding of a float32 run's."""
+    config = nn.CNNConfig(image_size=8, in_channels=2, n_classes=3, widths=(4, 6), convs_per_stage=1)
+    images = numpy.random.default_rng(seed + 1).standard_normal((batch, 2, 8, 8)).astype(numpy.float32)
+    runs = []
+    for dtype in (None, low):
+        model = nn.CNN(config, rng=numpy.random.default_rng(seed))
+        with tape.recording(tape.Tape()) as recorded, autocast(dtype) if dtype else contextlib.nullcontext():
+            _, loss = model(Tensor(images), numpy.arange(batch) % 3)  # held: the records live with it
+            after = [r for r in recorded.nodes() if r.op.__name__ in ("ReLU", "MaxPool2d")]
+        runs.append([b.numpy() for _, b in model.named_buffers() if b.dtype == F32])
+    assert len(after) == 4 and all(set(r.input_dtypes) == {LOW[low]} for r in after)
+    for plain, half in zip(*runs):
+        numpy.testing.assert_allclose(half, plain, rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize("low", sorted(LOW))

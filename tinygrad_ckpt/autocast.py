@@ -73,9 +73,11 @@ Where this project differs from PyTorch, and why:
     records, two copies saved). Simpler, and the copies are plainly seen.
   * Only float32 and 16-bit inputs are cast; float64 stays as it is, as
     PyTorch leaves double tensors alone under autocast.
-  * BatchNorm is several ops here (nn/layers.py), whose mean makes it
-    float32; PyTorch's batch_norm is on no CUDA list and keeps a 16-bit
-    input 16-bit.
+  * BatchNorm is several ops here (nn/layers.py): its mean makes them run in
+    float32, and they save float32 arrays where PyTorch's one fused
+    batch_norm saves its 16-bit input. Its output is cast back to the
+    input's dtype, as PyTorch's batch_norm (on no CUDA list) keeps a 16-bit
+    input 16-bit, so the layers after it run and save in 16 bits.
 
 Which 16-bit dtype: float16 runs everywhere but has a small range (largest
 65504), so its gradients need loss scaling (grad_scaler.py). bfloat16 has

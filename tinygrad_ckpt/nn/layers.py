@@ -26,7 +26,7 @@ import numbers
 
 import numpy
 
-from .. import backend
+from .. import autocast, backend
 from .. import functional as F
 from .. import random
 from ..checkpoint import ChainCheckpointing, is_recomputing
@@ -226,7 +226,8 @@ class _BatchNorm(Module):
             out = centered / (var + self.eps).sqrt()
         if self.weight is not None:
             out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
-        return out
+        # Under autocast a 16-bit input comes out 16-bit, as from PyTorch's batch_norm (autocast.py)
+        return out.to(dtype=x.dtype) if autocast.get_dtype() is not None and autocast.is_16bit(x.dtype) else out
 
     def _update_running_stats(self, mean, var):
         """running = (1 - momentum) * running + momentum * batch, in place (mean, var: arrays (C,));
