@@ -387,6 +387,10 @@ def _train(args, parallel):
         print(f"skipped: {trainer.state.nonfinite_steps} optimizer step(s) with a non-finite loss or gradient norm")
     if evals:
         print(f"validation loss: {evals[-1]:.4f}")
+    if parallel is not None:  # every process's peak, gathered to process 0 (the only one that prints)
+        for rank, (peak, by) in enumerate(parallel.comm.all_gather(memory.peak())):
+            print(f"peak memory of process {rank}: {memory.format_bytes(peak)} ({peak:,} bytes) = "
+                  + ", ".join(f"{c} {by[c]:,}" for c in memory.CATEGORIES))
     if args.output_dir is not None:
         kept = ["model"] + ["tokenizer"] * (tokenizer is not None) + ["config"] * hasattr(model, "config")
         print(f"saved: {args.output_dir}/model.npz ({', '.join(kept)}) and "
