@@ -79,10 +79,11 @@ def worker(model, training, stages, out):
 
     from tinygrad_ckpt.distributed import DataParallel
 
-    parallel, results = DataParallel(), {}
+    results = {}
     for stage in stages:
         gc.collect()
         before = memory.total()  # 0: nothing of the previous stage's run is left
+        parallel = DataParallel()  # a fresh one: the last one held its run's parameters and buffers
         gpt = GPT(GPTConfig(dropout=0.0, **model), rng=numpy.random.default_rng(0), dtype=numpy.float32)
         ids = numpy.random.default_rng(1).integers(0, model["vocab_size"], size=64 * model["block_size"] + 1)
         times, comm = StepTimes(), parallel.comm
@@ -99,8 +100,9 @@ def worker(model, training, stages, out):
                               **{k: (comm.bytes_sent[k] - sent[k]) / steps for k in sent}},
             "step_seconds": float(numpy.median(times.times[1:])),  # the first step warms up
         }
-        del trainer, gpt
-    Path(out, f"rank{parallel.rank}.json").write_text(json.dumps(results))
+        rank = parallel.rank
+        del trainer, gpt, parallel
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
 
 
 def launch(n, stages=STAGES, model=MODEL, training=TRAINING, timeout=600):
