@@ -85,3 +85,31 @@ def test_each_ranks_peak_by_category_is_the_formula_plus_the_stated_remainders(n
                 f"N={n}, stage {stage}, rank {r}: measured {got['bytes']}, predicted {want}")
     peaks = {stage: ranks[0][stage]["peak"] for stage in STAGES}
     assert peaks[1] < peaks[0] and peaks[2] < peaks[0]  # sharding lowers every rank's peak
+
+
+@needs_mpi
+def test_train_under_mpiexec_prints_each_processs_peak_and_its_shards():
+    """`mpiexec -n 3 tinygrad-ckpt train --zero-stage 2`: one line per process, its categories adding up to its
+    peak, its accumulation buffers and AdamW state the 4 S and 8 S bytes of its shard (S = ceil(Psi / 3))."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from .test_distributed import find_mpiexec
+
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OPENBLAS_NUM_THREADS": "1"}
+    run = subprocess.run([find_mpiexec(), "-n", "3", sys.executable, "-m", "tinygrad_ckpt", "train", "--zero-stage", "2",
+                          "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--max-steps", "2",
+                          "--val-fraction", "0", "--sample-chars", "0", "--disable-tqdm"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    P = int(re.search(r"([\d,]+) parameters", run.stdout).group(1).replace(",", ""))
+    S = -(-P // 3)
+    lines = re.findall(r"^peak memory of process (\d): .* \(([\d,]+) bytes\) = (.*)$", run.stdout, re.M)
+    assert [int(rank) for rank, _, _ in lines] == [0, 1, 2]
+    for _, peak, categories in lines:
+        by = {name: int(value.replace(",", "")) for name, value in (c.rsplit(" ", 1) for c in categories.split(", "))}
+        assert list(by) == list(memory.CATEGORIES) and sum(by.values()) == int(peak.replace(",", ""))
+        assert (by["parameters"], by["accumulation"], by["optimizer"]) == (4 * 3 * S, 4 * S, 8 * S)
