@@ -25,7 +25,10 @@ of the peak is one of the step's moments, whichever is largest:
   stage 1, 2 the micro-batch's token ids, 8 B T bytes ("other"), alive
              until the next micro-batch.
 
-The formula is written here from the layout, not taken from the benchmark.
+The bytes each rank sends per optimizer step are checked beside them: stage
+1 sends the 2 Psi of an all-reduce (a reduce-scatter and an all-gather of
+N S elements each), stage 2 one reduce-scatter per micro-batch. The formula
+is written here from the layout, not taken from the benchmark.
 """
 
 import importlib.util
@@ -83,6 +86,15 @@ def test_each_ranks_peak_by_category_is_the_formula_plus_the_stated_remainders(n
             assert got["before"] == 0, f"stage {stage}, rank {r}: {got['before']} bytes left from the previous run"
             assert got["bytes"] == want and got["peak"] == sum(want.values()), (
                 f"N={n}, stage {stage}, rank {r}: measured {got['bytes']}, predicted {want}")
+        # bytes each rank sends per optimizer step: stage 1 one reduce-scatter and one all-gather of N S elements
+        # (together the 2 Psi of an all-reduce), stage 2 a reduce-scatter per micro-batch; beside them, all-reduces
+        # of 4 float64 (the item count, and the step's loss, items and tokens for the log) and, with ZeRO, 1 more
+        # (the squared norm of the shard's gradient, summed across the ranks)
+        G = TRAINING["gradient_accumulation_steps"]
+        want_sent = {0: dict(all_reduce=4 * P + 32, reduce_scatter=0, all_gather_arrays=0),
+                     1: dict(all_reduce=40, reduce_scatter=4 * n * S, all_gather_arrays=4 * n * S),
+                     2: dict(all_reduce=40, reduce_scatter=G * 4 * n * S, all_gather_arrays=4 * n * S)}[stage]
+        assert all(rank[stage]["sent_per_step"] == want_sent for rank in ranks), (stage, ranks[0][stage]["sent_per_step"])
     peaks = {stage: ranks[0][stage]["peak"] for stage in STAGES}
     assert peaks[1] < peaks[0] and peaks[2] < peaks[0]  # sharding lowers every rank's peak
 
