@@ -370,7 +370,7 @@ def _train(args, parallel):
         raise ValueError(f"the model and its optimizer state do not fit in memory ({e or 'MemoryError'}); use a "
                          f"smaller {_flag_list(sizes[:-1])} or {_flag_list(sizes[-1:])}") from None
 
-    n_params = sum(p.numel() for p in trainer.optimizer.params)
+    n_params = sum(p.numel() for p in trainer.accumulator.parameters)  # the whole model's (ZeRO: not the shards)
     print(f"data: {data_line}" + (f", {len(val_data)} validation examples" if val_data is not None else ""))
     print(f"model: {kind.describe(args)}, {n_params:,} parameters "
           f"({memory.format_bytes(memory.current()['parameters'])}) on {args.device}")
@@ -387,6 +387,10 @@ def _train(args, parallel):
         print(f"skipped: {trainer.state.nonfinite_steps} optimizer step(s) with a non-finite loss or gradient norm")
     if evals:
         print(f"validation loss: {evals[-1]:.4f}")
+    if parallel is not None:  # every process's peak, gathered to process 0 (the only one that prints)
+        for rank, (peak, by) in enumerate(parallel.comm.all_gather(memory.peak())):
+            print(f"peak memory of process {rank}: {memory.format_bytes(peak)} ({peak:,} bytes) = "
+                  + ", ".join(f"{c} {by[c]:,}" for c in memory.CATEGORIES))
     if args.output_dir is not None:
         kept = ["model"] + ["tokenizer"] * (tokenizer is not None) + ["config"] * hasattr(model, "config")
         print(f"saved: {args.output_dir}/model.npz ({', '.join(kept)}) and "
@@ -422,7 +426,11 @@ def training_header(trainer, kind, block_size):
         "accumulation buffers, activations), 'peak' the most since training started" if world == 1 else
         f"memory: per process: 'mem' in a log line is what process 0 holds then, 'peak' the most since training "
         f"started; each of the {world} processes holds as much (its own model, gradients, optimizer state, "
-        "buffers and activations)",
+        "buffers and activations)" if not trainer.zero else
+        f"memory: per process: 'mem' in a log line is what process 0 holds then, 'peak' the most since training "
+        f"started; ZeRO stage {trainer.zero}: each of the {world} processes holds 1/{world} of the optimizer state"
+        f"{' and of the accumulation buffers' if trainer.zero == 2 else ''} and all of the rest; the last lines "
+        "give each process's peak",
     ]
     lines.append("allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator; "
                  "this command's default, --no-keep-freed-memory leaves the C library's); 'mem' and 'peak' count "

@@ -138,7 +138,9 @@ class ShardedAccumulator(GradientAccumulator):
                     if p.grad is not None:
                         view[...] = p.grad.data
                         p.grad = None  # freed now, as GradientAccumulator.accumulate frees it
-                buf += self.comm.reduce_scatter(full)
+                received = self.comm.reduce_scatter(full)  # this rank's shard of the sum: a buffer of S more
+                memory.track(received, "gradients")
+                buf += received
         return super().accumulate(num_items, end_of_data)  # stage 2: every .grad is None, so it only counts
 
     def reduce_scatter_(self):
