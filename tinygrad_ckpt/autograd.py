@@ -141,8 +141,10 @@ class save_on_cpu(saved_tensors_hooks):
 
     On a GPU each saved array is copied to the host when it is saved, and
     back to its device when backward needs it: GPU memory for two copies
-    over the bus. On NumPy the array stays where it is (no copy). The
-    checkpoint policies' "offload" uses these same hooks (policies.py).
+    over the bus. On NumPy the array stays where it is (no copy), and so it
+    does on the meta device, which has no values to copy: fit counts an
+    offloaded array as kept, an upper bound for a GPU. The checkpoint
+    policies' "offload" uses these same hooks (policies.py).
     """
 
     def __init__(self):
@@ -150,7 +152,7 @@ class save_on_cpu(saved_tensors_hooks):
 
 
 def _pack_to_cpu(t):
-    return (t.device, t.to("cpu"))
+    return (t.device, t.to("cpu") if backend.holds_values(t.device) else t)
 
 
 def _unpack_from_cpu(packed):
