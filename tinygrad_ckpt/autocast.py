@@ -22,43 +22,59 @@ its output is what the op saves (counted by memory.py, shown in timelines),
 and its backward casts the gradient back, so a float32 parameter gets a
 float32 gradient.
 
-The policy, by op class name (PyTorch 2.13, aten/src/ATen/autocast_mode.h,
-the lists AT_FORALL_LOWER_PRECISION_FP, AT_FORALL_FP32,
-AT_FORALL_FP32_SET_OPT_DTYPE and AT_FORALL_PROMOTE):
+The policy is the table POLICY below: every op the engine has, by name,
+on one of four lists, each placed as PyTorch 2.13 places the PyTorch op it
+stands for (or the nearest one) in `aten/src/ATen/autocast_mode.h`, the
+lists its CUDA autocast registers (autocast_mode.cpp, `TORCH_LIBRARY_IMPL(aten,
+Autocast, m)`; the header ships in the wheel, torch/include/ATen/):
 
-  LOWER     the matrix products (PyTorch: matmul, linear, bmm, addmm, ...):
-            in the 16-bit dtype, where the speed is.
-  FLOAT32   layer norm, the loss, exp, log and pow (PyTorch's FP32 list:
-            layer_norm, nll_loss, exp, log, pow), softmax, log-softmax and
-            the sum (its FP32_SET_OPT_DTYPE list: softmax, log_softmax, sum;
-            cross-entropy is log_softmax then nll_loss there): in float32,
-            where 16 bits lose too much (a sum of many terms, an
-            exponential's range).
-  WIDEST    ops with several floating inputs (add, mul, where, cat, ...):
-            all in the widest of their dtypes. PyTorch needs no list for
-            most of these (its binary ops promote by themselves; its
-            AT_FORALL_PROMOTE list is for those that would not); this
+  lower     AT_FORALL_LOWER_PRECISION_FP (matmul, linear, conv2d, lstm_cell,
+            ...): every floating input cast to the 16-bit dtype, where the
+            speed is.
+  float32   AT_FORALL_FP32 (exp, log, pow, softplus, layer_norm, nll_loss,
+            mse_loss, ...) and AT_FORALL_FP32_SET_OPT_DTYPE (softmax,
+            log_softmax, sum): every floating input cast to float32, where 16
+            bits lose too much (a sum of many terms, an exponential's range).
+            Cross-entropy is log_softmax then nll_loss there.
+  promote   several floating inputs (add, mul, where, cat, ...): all in the
+            widest of their dtypes, float16 with bfloat16 in float32.
+            PyTorch needs a list (AT_FORALL_PROMOTE) only for the few ops that
+            would not promote by themselves; its binary ops and cat do. This
             engine's ops refuse mixed dtypes (function.py), so autocast
             promotes for them: a float32 residual plus a bfloat16 attention
             output is a float32 sum.
-  (others)  run in the dtype their input has (GELU, reshape, dropout, max).
+  none      on no list (gelu, relu, tanh, sqrt, max, reshape, dropout,
+            max_pool2d, ...): nothing is cast; the op runs in the dtype its
+            input has.
 
-These are the lists of the header PyTorch's CUDA autocast uses; this
-project applies them on every device.
+The result's dtype is then PyTorch's CUDA autocast result dtype, op by op
+(tests/test_autocast_lists.py checks each, and fails on a Function subclass
+that has no place in the table). `lstm_cell` is in the table though it is
+no Function here: PyTorch runs it as one op, nn/lstm.py as several, so the
+cell casts its input and state itself (`cast_inputs("lstm_cell", ...)`),
+and its gates, sigmoids and state run in 16 bits, as PyTorch's do.
+PyTorch's CPU autocast registers other lists (in autocast_mode.cpp: exp,
+log, pow, softplus, layer_norm, softmax and sum are on none of them, so
+they keep 16-bit inputs 16-bit); these are the CUDA lists, applied on every
+device.
 
 Where this project differs from PyTorch, and why:
-  * Mean is in FLOAT32 (PyTorch lists only sum). ml_dtypes' bfloat16 adds
-    in bfloat16: 10,000 bfloat16 ones sum to 256, and their mean is 0.0256
-    (measured, ml_dtypes 0.7, NumPy 2.4). NumPy's float16 depends on the
-    layout: down a strided axis it adds in float16 (10,000 ones sum to
-    2048), along a contiguous one its pairwise sum accumulates in float32,
-    and its mean of float16 always does. PyTorch's kernels add in float32
-    inside. (tests/test_claims.py checks each of these.)
+  * Mean is on the float32 list (PyTorch's mean is on none: its kernels add
+    16-bit values in float32 inside and round the result). ml_dtypes'
+    bfloat16 adds in bfloat16: 10,000 bfloat16 ones sum to 256, and their
+    mean is 0.0256 (measured, ml_dtypes 0.7, NumPy 2.4). NumPy's float16
+    depends on the layout: down a strided axis it adds in float16 (10,000
+    ones sum to 2048), along a contiguous one its pairwise sum accumulates
+    in float32, and its mean of float16 always does. (tests/test_claims.py
+    checks each of these.)
   * Casts are not cached. PyTorch casts each float32 weight once per autocast
     region and reuses the copy; here a weight used twice is cast twice (two
     records, two copies saved). Simpler, and the copies are plainly seen.
   * Only float32 and 16-bit inputs are cast; float64 stays as it is, as
     PyTorch leaves double tensors alone under autocast.
+  * BatchNorm is several ops here (nn/layers.py), whose mean makes it
+    float32; PyTorch's batch_norm is on no CUDA list and keeps a 16-bit
+    input 16-bit.
 
 Which 16-bit dtype: float16 runs everywhere but has a small range (largest
 65504), so its gradients need loss scaling (grad_scaler.py). bfloat16 has
@@ -80,10 +96,67 @@ import numpy
 
 from . import backend
 
-# The policy: op class names (function.py's Function subclasses) -> the dtype they run in.
-LOWER = {"MatMul", "Linear"}
-FLOAT32 = {"LayerNorm", "Softmax", "LogSoftmax", "CrossEntropy", "Exp", "Log", "Pow", "PowScalar", "Sum", "Mean"}
-WIDEST = {"Add", "Sub", "Mul", "Div", "Where", "Cat", "Stack"}
+# The policy: every op, by name (function.py's Function subclasses, and lstm_cell) -> (its list, the
+# PyTorch op whose place in autocast_mode.h it takes). See the module docstring for the lists.
+POLICY = {
+    # lower: AT_FORALL_LOWER_PRECISION_FP
+    "MatMul": ("lower", "matmul"),
+    "Linear": ("lower", "linear"),
+    "Conv2d": ("lower", "conv2d"),
+    "lstm_cell": ("lower", "lstm_cell"),  # nn/lstm.py: several ops here, one in PyTorch
+    # float32: AT_FORALL_FP32 and AT_FORALL_FP32_SET_OPT_DTYPE
+    "Exp": ("float32", "exp"),
+    "Log": ("float32", "log"),
+    "Pow": ("float32", "pow"),  # pow.Tensor_Tensor (and pow.Scalar: 2 ** x)
+    "PowScalar": ("float32", "pow"),  # pow.Tensor_Scalar
+    "Softplus": ("float32", "softplus"),
+    "LayerNorm": ("float32", "layer_norm"),
+    "CrossEntropy": ("float32", "nll_loss"),  # cross_entropy: log_softmax, then nll_loss
+    "Softmax": ("float32", "softmax"),
+    "LogSoftmax": ("float32", "log_softmax"),
+    "Sum": ("float32", "sum"),
+    "Mean": ("float32", "mean"),  # on no list in PyTorch: see "Where this project differs"
+    # promote: the widest floating dtype of the inputs (PyTorch's type promotion)
+    "Add": ("promote", "add"),
+    "Sub": ("promote", "sub"),
+    "Mul": ("promote", "mul"),
+    "Div": ("promote", "div"),
+    "Where": ("promote", "where"),
+    "Cat": ("promote", "cat"),
+    "Stack": ("promote", "stack"),
+    # none: nothing cast, the op runs in its input's dtype
+    "Neg": ("none", "neg"),
+    "Abs": ("none", "abs"),
+    "Sqrt": ("none", "sqrt"),
+    "Tanh": ("none", "tanh"),
+    "Sigmoid": ("none", "sigmoid"),
+    "ReLU": ("none", "relu"),
+    "GELU": ("none", "gelu"),  # approximate="tanh"
+    "GELUErf": ("none", "gelu"),
+    "LeakyReLU": ("none", "leaky_relu"),
+    "ReLU6": ("none", "hardtanh"),  # relu6 is hardtanh(x, 0, 6)
+    "Hardswish": ("none", "hardswish"),
+    "SiLU": ("none", "silu"),
+    "Mish": ("none", "mish"),
+    "Max": ("none", "amax"),
+    "Dropout": ("none", "dropout"),
+    "MaxPool2d": ("none", "max_pool2d"),
+    "AvgPool2d": ("none", "avg_pool2d"),
+    "Reshape": ("none", "reshape"),
+    "Permute": ("none", "permute"),
+    "Expand": ("none", "expand"),
+    "GetItem": ("none", "index"),
+    "Split": ("none", "split"),
+    "Pad": ("none", "constant_pad_nd"),
+    "Clone": ("none", "clone"),
+    "ToDevice": ("none", "_to_copy"),
+    "Cast": ("none", "_to_copy"),  # the cast itself: casting its input first would never end
+    "Checkpoint": ("none", "checkpoint"),  # torch.utils.checkpoint: no op; the ops inside are placed one by one
+}
+# The sets op_dtype reads (tutorial 11's exercise moves Softmax out of FLOAT32 and back).
+LOWER = {op for op, (where, _) in POLICY.items() if where == "lower"}
+FLOAT32 = {op for op, (where, _) in POLICY.items() if where == "float32"}
+PROMOTE = {op for op, (where, _) in POLICY.items() if where == "promote"}
 
 _stack = [None]  # the autocast dtype in force, innermost last; None: autocast is off
 
@@ -160,7 +233,7 @@ def op_dtype(op, dtypes):
         return _stack[-1]
     if op in FLOAT32:
         return numpy.dtype(numpy.float32)
-    if op in WIDEST:
+    if op in PROMOTE:
         floats = {numpy.dtype(d) for d in dtypes if is_float(d)}
         if len(floats) < 2 or numpy.float64 in floats:
             return None  # one dtype: nothing to do; float64 with float32 stays function.py's error
@@ -170,7 +243,10 @@ def op_dtype(op, dtypes):
 
 
 def cast_inputs(op, inputs):
-    """The op's input tensors, each floating one cast to the op's autocast dtype (Function.apply calls this).
+    """The op's input tensors, each floating one cast to the op's autocast dtype.
+
+    Function.apply calls this for every op inside autocast; nn/lstm.py's
+    lstm_cell for the cell (op "lstm_cell"), which is several ops here.
 
     float64 inputs stay as they are, and so do integer ones (token ids).
     Each cast is `tensor.to(dtype)`: a Cast record on the tape.

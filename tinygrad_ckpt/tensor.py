@@ -370,12 +370,14 @@ class Tensor:
         if isinstance(exponent, numpy.generic):
             exponent = exponent.item()  # a Python number: NumPy would make float32 ** float64 float64
         out = elementwise.PowScalar.apply(base, exponent=exponent)
-        return out if out.dtype == dtype else out.to(dtype=dtype)  # NumPy makes bool ** True int8
+        # NumPy makes bool ** True int8: cast that back. A floating result stays: under autocast pow is float32
+        return out if out.dtype == dtype or autocast.is_float(out.dtype) else out.to(dtype=dtype)
 
     def __rpow__(self, base):
         a, b = self._with(base)
         out = elementwise.Pow.apply(b, a)
-        return out if out.dtype == a.dtype else out.to(dtype=a.dtype)  # NumPy makes True ** bools int8
+        # NumPy makes True ** bools int8: cast that back. A floating result stays: under autocast pow is float32
+        return out if out.dtype == a.dtype or autocast.is_float(out.dtype) else out.to(dtype=a.dtype)
 
     def __neg__(self):
         return elementwise.Neg.apply(self)
@@ -528,8 +530,8 @@ def _matmul(a, b):
 
 
 def _float(t):
-    """t, or t as float32 if it holds integers or bools."""
-    return t if t.dtype.kind in "fc" else t.to(dtype=_FLOAT_DEFAULT)
+    """t, or t as float32 if it holds integers or bools (bfloat16 is kind 'V', yet a float: it stays)."""
+    return t if t.dtype.kind == "c" or autocast.is_float(t.dtype) else t.to(dtype=_FLOAT_DEFAULT)
 
 
 def _no_bool_subtraction(tensor, other):

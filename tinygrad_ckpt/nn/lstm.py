@@ -80,6 +80,7 @@ import numpy
 
 from .. import backend, random
 from .. import functional as F
+from .. import autocast
 from ..autocast import is_float
 from ..checkpoint import ChainCheckpointing, checkpoint_sequential
 from ..schedules import Plan, measure_layers, segment_bounds
@@ -89,13 +90,25 @@ from .module import Module
 
 
 def lstm_cell(x, h, c, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
-    """One LSTM step: x (B, input_size), h and c (B, H) -> (h', c'), each (B, H)."""
+    """One LSTM step: x (B, input_size), h and c (B, H) -> (h', c'), each (B, H).
+
+    Under autocast the whole cell runs in 16 bits, as PyTorch's lstm_cell
+    (autocast.py's lower-precision list): x, h and c are cast first (the
+    weights by F.linear), so a float32 state comes back 16-bit.
+    """
+    x, h, c = autocast.cast_inputs("lstm_cell", (x, h, c))
     H = h.shape[-1]
     gates = F.linear(x, weight_ih, bias_ih) + F.linear(h, weight_hh, bias_hh)  # (B, 4H)
     i, f, g, o = gates.split(H, dim=-1)  # four views (B, H): input, forget, cell, output gates
     c = f.sigmoid() * c + i.sigmoid() * g.tanh()  # (B, H)
     h = o.sigmoid() * c.tanh()  # (B, H)
     return h, c
+
+
+def _dtype_fits(t, weight):
+    """t's dtype is the parameters', or under autocast its 16-bit dtype (lstm_cell casts to it anyway)."""
+    low = autocast.get_dtype()  # None outside autocast (and numpy.dtype(None) is float64: compare only a dtype)
+    return t.dtype == weight.dtype or (low is not None and t.dtype == low)
 
 
 def _zeros(like, shape):
@@ -130,7 +143,7 @@ class LSTMCell(Module):
         for name, t in (("h", h), ("c", c)):
             if t.shape != shape:
                 raise ValueError(f"LSTMCell: expected {name} of shape {shape} (batch, hidden_size), got {t.shape}")
-            if t.dtype != self.weight_hh.dtype:
+            if not _dtype_fits(t, self.weight_hh):
                 raise TypeError(f"LSTMCell: {name} is {t.dtype}, the parameters are {self.weight_hh.dtype}; convert "
                                 f"the state with {name}.to(dtype=...)")
         return lstm_cell(x, h, c, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
@@ -268,7 +281,7 @@ class LSTM(ChainCheckpointing, Module):
                              f"got {input.shape[-1]} (input shape {input.shape}, read as {layout})")
         if input.shape[int(self.batch_first)] == 0:
             raise ValueError(f"LSTM: the input has no time steps (shape {input.shape}, read as {layout})")
-        if input.dtype != self.weight_ih_l0.dtype:
+        if not _dtype_fits(input, self.weight_ih_l0):
             raise TypeError(f"LSTM: input is {input.dtype}, the parameters are {self.weight_ih_l0.dtype}; convert "
                             f"the input with x.to(dtype=...) or build the LSTM with dtype={input.dtype}")
         return input
@@ -282,7 +295,7 @@ class LSTM(ChainCheckpointing, Module):
             if t.shape != shape:
                 raise ValueError(f"LSTM: expected {name} of shape {shape} (num_layers, batch, hidden_size), "
                                  f"got {t.shape}")
-            if t.dtype != dtype:
+            if not _dtype_fits(t, self.weight_hh_l0):
                 raise TypeError(f"LSTM: {name} is {t.dtype}, the parameters (and the input) are {dtype}; convert "
                                 f"the state with {name}.to(dtype=...), as the input's dtype must match too")
         return hx

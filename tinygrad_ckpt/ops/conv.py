@@ -16,8 +16,12 @@ op of its own (movement.Pad), the Conv2d layer with its parameters
 
 import numbers
 
+import numpy
+
+from ..autocast import is_16bit
 from ..backend import array_module
 from ..function import Function
+from .matmul import _mm
 from .movement import pad_array
 
 
@@ -103,6 +107,10 @@ class Conv2d(Function):
     N G K L itemsize bytes (kh kw times x's bytes for stride 1 and padding
     that keeps the size), freed when forward returns; backward makes it
     again, in the order its product wants, for dweight.
+
+    16-bit (autocast.py puts conv2d on the lower-precision list): the
+    products go through matmul.py's `_mm` (float32 sums, rounded once), and
+    the sums of backward (the bias's, col2im's) add in float32 too.
     """
 
     @staticmethod
@@ -119,7 +127,7 @@ class Conv2d(Function):
         ctx.save_for_backward(x if need_weight else None, weight if need_x else None)
         view = windows(pad_image(x, padding), (kh, kw), stride, dilation, (OH, OW))  # (N, C, kh, kw, OH, OW)
         cols = view.reshape(N, G, Cg * kh * kw, OH * OW)  # (N, G, K, L): the copy
-        out = weight.reshape(G, Co // G, Cg * kh * kw) @ cols  # (N, G, Co/G, L)
+        out = _mm(weight.reshape(G, Co // G, Cg * kh * kw), cols)  # (N, G, Co/G, L)
         out = out.reshape(N, Co, OH, OW)  # a view: the groups' channels are consecutive
         if bias is not None:
             out += bias.reshape(Co, 1, 1)
@@ -139,20 +147,24 @@ class Conv2d(Function):
         if need[1]:
             view = windows(pad_image(x, padding), (kh, kw), stride, dilation, (OH, OW))  # (N, C, kh, kw, OH, OW)
             cols = view.transpose(1, 2, 3, 0, 4, 5).reshape(G, K, N * OH * OW)  # (G, K, N L): the copy
-            dweight = (g_rows @ cols.transpose(0, 2, 1)).reshape(Co, Cg, kh, kw)  # (G, Co/G, K)
+            dweight = _mm(g_rows, cols.transpose(0, 2, 1)).reshape(Co, Cg, kh, kw)  # (G, Co/G, K)
         if need[0]:
-            dcols = weight.reshape(G, Co // G, K).transpose(0, 2, 1) @ g_rows  # (G, K, N L)
+            dcols = _mm(weight.reshape(G, Co // G, K).transpose(0, 2, 1), g_rows)  # (G, K, N L)
             dcols = dcols.reshape(C, kh, kw, N, OH, OW)  # (G, Cg) are the channels, in order
             ph, pw = padding
-            dxpad = xp.zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=g.dtype)
+            wide = numpy.float32 if is_16bit(g.dtype) else g.dtype  # 16 bits: add in float32, round once
+            dxpad = xp.zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=wide)
             for i in range(kh):  # col2im: each window element adds its gradient back to the pixels it read
                 for j in range(kw):
                     rows, columns = window_slices(i, j, stride, dilation, (OH, OW))
                     dxpad[:, :, rows, columns] += dcols[:, i, j].transpose(1, 0, 2, 3)  # (N, C, OH, OW)
-            dx = dxpad[:, :, ph:ph + H, pw:pw + W]
+            dx = dxpad[:, :, ph:ph + H, pw:pw + W].astype(g.dtype, copy=False)
         if len(need) == 2:
             return dx, dweight
-        return dx, dweight, g.sum(axis=(0, 2, 3)) if need[2] else None
+        dbias = None
+        if need[2]:  # 16 bits: summed in float32, rounded once
+            dbias = g.sum(axis=(0, 2, 3), dtype=numpy.float32 if is_16bit(g.dtype) else None).astype(g.dtype, copy=False)
+        return dx, dweight, dbias
 
 
 def _check_shapes(x, weight, bias, groups):
