@@ -18,9 +18,9 @@ Techniques, and what must hold (float64 runs for the first three, float32 models
 |                       | blocks; dropout drawn) gives the plain run's loss and gradients bit for bit             |
 | accumulate+checkpoint | both: checkpointed accumulated == plain accumulated bit for bit, == the whole batch     |
 |                       | within 1e-10                                                                            |
-| bf16, fp16            | the 16-bit run is within TOLERANCE[dtype] of the float32 run (the loss and each         |
-|                       | gradient: its largest difference over its largest value); in the loop, the products     |
-|                       | (Linear, MatMul, Conv2d) take 16-bit inputs                                             |
+| bf16, fp16            | the 16-bit run is within TOLERANCE[dtype] of the float32 run (the loss relative to      |
+|                       | itself; each gradient's largest difference over the model's largest gradient); in the   |
+|                       | loop, the products (Linear, MatMul, Conv2d) take 16-bit inputs                          |
 | all-bf16, all-fp16    | accumulation + checkpointing + 16 bits: the checkpointed 16-bit run equals the plain    |
 |                       | 16-bit run bit for bit (both accumulated), and is within TOLERANCE of float32's         |
 
@@ -54,10 +54,18 @@ instead (a) that the accumulated gradient is the mean of the micro-batches' own 
 (within 1e-10), and (b) in eval mode (running statistics, each image on its own) that it is the whole batch's
 (within 1e-10; loop and checkers, as check_accumulation can put a model in eval mode).
 
-The known failures this suite states (it does not skip them): under autocast Conv2d runs in float32 (not on
-autocast's lower-precision list), so every cnn 16-bit cell fails its "products in 16 bits" property in the
-loop, and its estimate_step cell's "below float32" where convolutions hold the activations. Another
-helper's branch puts conv2d on the list.
+The failures this suite states (it does not skip them), with autocast's lists as of the `autocast` branch
+(conv2d and lstm_cell on the lower-precision list, merged here):
+  * cnn-all-{bf16,fp16}-estimate_step: with checkpointing every stage, the 16-bit step's peak is above
+    float32's (at a batch of 1024 of 32 x 32 images: 563.4 MiB against 557.4; without checkpointing 699.3
+    against 745.1, 6 % less): the peak is the first stage's recompute, where BatchNorm's float32 inputs
+    sit beside the convolutions' 16-bit outputs and the casts' copies.
+  * lstm-all-{bf16,fp16}-estimate_step: with sqrt(n) segments of time steps, 199.9 MiB against 187.3 (batch
+    1024, 64 steps): each time step casts the weights again (casts are not cached, autocast.py) and a
+    segment's recompute keeps every step's copies.
+  * test_estimate_step_sizes_an_offloading_policy: estimate_step cannot size the offload_matmuls policy
+    (save_on_cpu asks a meta tensor for its values), so the matrix's estimate_step cells draw every other
+    policy, and this test states that one.
 
 What does not live here: the per-kind unit tests (test_cnn.py, test_lstm.py, test_encoder.py), the GPT's
 fuller proofs (test_amp.py, test_equivalence.py), fit's table (test_fit.py), the command line.
@@ -91,8 +99,7 @@ pytest.importorskip("ml_dtypes", reason="bfloat16 on the CPU needs ml_dtypes: pi
 PER_CELL = max(2, settings.default.max_examples // 120)  # ci: 2, dev: 2, thorough: 25
 # The 16-bit run against float32: the largest difference of a gradient tensor (or the loss) over its largest
 # value. bfloat16 keeps 8 significant bits (2**-8 = 0.4 % a rounding), float16 11 (0.05 %); a few layers of
-# products and their backward compound a few dozen roundings (the largest seen over the thorough run is in the
-# report). A silently float32 run, or a wrong cast, passes the tolerance but fails the dtype check; a wrong
+# products and their backward compound a few dozen roundings. A silently float32 run, or a wrong cast, passes the tolerance but fails the dtype check; a wrong
 # gradient is off by far more.
 TOLERANCE = {"bfloat16": 0.15, "float16": 0.02}
 F64 = numpy.float64
@@ -262,14 +269,14 @@ def assert_identical(a, b, what):
 
 
 def relative_differences(a, b):
-    """[loss, each gradient]: max |a - b| over the reference b's largest |value| (0 where both are 0)."""
+    """[the loss's, then each gradient's] largest |a - b|: the loss's over |loss|, a gradient's over the largest
+    |gradient| of the whole model in b (a gradient that is zero but for rounding, as through BatchNorm over
+    one value, cannot fail on its own)."""
     (la, ga), (lb, gb) = a, b
-    out = []
-    for x, y in [(la, lb), *zip(ga, gb)]:
-        x, y = numpy.asarray(x, F64), numpy.asarray(y, F64)
-        diff, scale = numpy.abs(x - y).max(initial=0.0), numpy.abs(y).max(initial=0.0)
-        out.append(0.0 if diff == 0 else diff / scale if scale else math.inf)
-    return out
+    scale = max(numpy.abs(numpy.asarray(y, F64)).max(initial=0.0) for y in gb)
+    loss = abs(float(la) - float(lb)) / abs(float(lb)) if la != lb else 0.0
+    diffs = [numpy.abs(numpy.asarray(x, F64) - numpy.asarray(y, F64)).max(initial=0.0) for x, y in zip(ga, gb)]
+    return [loss] + [0.0 if d == 0 else d / scale if scale else math.inf for d in diffs]
 
 
 def assert_close(a, b, rtol, what):
@@ -451,11 +458,15 @@ def prove_estimate_step(case, tech, data):
     if tech.half:  # at a size where activations are most of the step, 16 bits take less than float32
         B = data.draw(st.integers(512, 2048), label="batch at the larger size")
         big = larger(case.kind, B)
-        if tech.checkpoint:
-            fields["gradient_checkpointing_kwargs"] = {"segments": data.draw(st.sampled_from(["every", "sqrt"]))}
-        half_peak = meta_step(big, B, fields).peak_bytes
-        float_peak = meta_step(big, B, {k: v for k, v in fields.items() if k not in ("bf16", "fp16")}).peak_bytes
-        assert half_peak < float_peak, f"{tech.half} peak {half_peak} not below float32's {float_peak} at batch {B}"
+        above = []
+        for segments in ("every", "sqrt") if tech.checkpoint else (None,):
+            if segments:
+                fields["gradient_checkpointing_kwargs"] = {"segments": segments}
+            half_peak = meta_step(big, B, fields).peak_bytes
+            float_peak = meta_step(big, B, {k: v for k, v in fields.items() if k not in ("bf16", "fp16")}).peak_bytes
+            if half_peak >= float_peak:
+                above.append(f"checkpointing {segments}: {half_peak:,} bytes, float32 {float_peak:,}")
+        assert not above, f"{tech.half} peak not below float32's at batch {B}: {'; '.join(above)}"
 
 
 def larger(kind, B):
@@ -519,8 +530,12 @@ def prove_checkers(case, tech, data):
                 return fn(*inputs)
 
         model = case.make(numpy.float32)
-        report = check_checkpoint(model, case.inputs(model), in_16_bits, rtol=TOLERANCE[tech.half], atol=0.0)
-        assert report, str(report)
+        report = check_checkpoint(model, case.inputs(model), in_16_bits)
+        gradients = [e for e in report.entries if e.kind == "gradient"]
+        scale = max(e.scale for e in gradients)  # as relative_differences: over the largest gradient of all
+        assert not report.problems and all(e.max_abs <= TOLERANCE[tech.half] * scale for e in gradients), str(report)
+        output = next(e for e in report.entries if e.kind == "output")
+        assert output.max_abs <= TOLERANCE[tech.half] * output.scale, str(report)
 
 
 ENTRIES = {"loop": prove_loop, "trainer": prove_trainer, "trainer-own": prove_trainer_own,
