@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 import tinygrad_ckpt
 import tinygrad_ckpt.functional as F
-from tinygrad_ckpt import Tensor, nn, tape
+from tinygrad_ckpt import Tensor, backend, nn, tape
 from tinygrad_ckpt.autocast import POLICY, autocast, bfloat16
 from tinygrad_ckpt.checkpoint import checkpoint
 from tinygrad_ckpt.function import Function
 from tinygrad_ckpt.nn.lstm import lstm_cell
 from tinygrad_ckpt.ops import elementwise, movement
+from tinygrad_ckpt.testing import strict_cupy
 
 from .conftest import examples
 from .helpers import TORCH_SKIP
@@ -305,6 +306,29 @@ def test_an_lstm_under_autocast_hands_back_a_16_bit_output_and_state(low):
     assert {out.dtype, h_n.dtype, c_n.dtype, out2.dtype} == {LOW[low]}
     with pytest.raises(TypeError, match="h_0 is"):
         lstm(x, (h_n, c_n))  # outside autocast a 16-bit state against float32 parameters is refused
+
+
+@pytest.mark.parametrize("low", sorted(LOW))
+def test_a_16_bit_cnn_and_lstm_on_the_gpu_path_make_no_numpy_call(low):
+    """On the strict CuPy stand-in (device 'cuda'), where a NumPy call on a device array fails the test: the
+    convolutions' 16-bit products and float32 sums, the cell's casts, and the float32 gradients."""
+    previous = backend.set_cuda_module(strict_cupy)
+    try:
+        rng = numpy.random.default_rng(0)
+        cnn = nn.CNN(nn.CNNConfig(image_size=4, in_channels=2, n_classes=3, widths=(4,), convs_per_stage=1),
+                     rng=rng, device="cuda")
+        lstm = nn.LSTM(3, 4, rng=rng, device="cuda")
+        images = Tensor(rng.standard_normal((2, 2, 4, 4)).astype(numpy.float32), device="cuda")
+        sequence = Tensor(rng.standard_normal((5, 2, 3)).astype(numpy.float32), device="cuda")
+        with autocast(low):
+            logits, loss = cnn(images, backend.to_device(numpy.array([0, 2]), "cuda"))
+            out, _ = lstm(sequence)
+            loss = loss + out.sum()
+        loss.backward()
+        assert logits.dtype == out.dtype == LOW[low] and backend.device_of(out.data) == "cuda"
+        assert {p.grad.dtype for p in (*cnn.parameters(), *lstm.parameters())} == {F32}
+    finally:
+        backend.set_cuda_module(previous)
 
 
 # -- beside PyTorch's own autocast (skips without torch) -----------------------------------------

@@ -54,13 +54,14 @@ no Function here: PyTorch runs it as one op, nn/lstm.py as several, so the
 cell casts its input and state itself (`cast_inputs("lstm_cell", ...)`),
 and its gates, sigmoids and state run in 16 bits, as PyTorch's do.
 PyTorch's CPU autocast registers other lists (in autocast_mode.cpp: exp,
-log, pow, softplus, layer_norm, softmax and sum are on none of them, so
-they keep 16-bit inputs 16-bit); these are the CUDA lists, applied on every
-device.
+log, pow, softplus, layer_norm, softmax, sum and lstm_cell are on none of
+them, so they run in their inputs' dtypes); these are the CUDA lists,
+applied on every device.
 
 Where this project differs from PyTorch, and why:
   * Mean is on the float32 list (PyTorch's mean is on none: its kernels add
-    16-bit values in float32 inside and round the result). ml_dtypes'
+    16-bit values in float32 inside, aten/src/ATen/AccumulateType.h's
+    acc_type, and round the result). ml_dtypes'
     bfloat16 adds in bfloat16: 10,000 bfloat16 ones sum to 256, and their
     mean is 0.0256 (measured, ml_dtypes 0.7, NumPy 2.4). NumPy's float16
     depends on the layout: down a strided axis it adds in float16 (10,000
