@@ -2,10 +2,10 @@
 
 Each cell is one test id, `test_cell[<kind>-<technique>-<entry>]`; hypothesis draws the model's sizes, the
 batch, the micro-batch splits and the checkpointing strategy (tests/conftest.py's profiles: `ci`, the default,
-draws PER_CELL = 2 examples a cell; `thorough` 25). On 2026-12-06, on a 2-core Intel Xeon shared with other jobs
-(load 4 to 5, OPENBLAS_NUM_THREADS=1), the 176 tests took 22 s under `ci` at a quiet moment and 2.5 min at that load (21 to 26 s of CPU time), and 12.5 min under
-`thorough` (4.6 min of CPU time). Hypothesis does not shrink a failing cell here (minutes a cell): its draw is
-printed as found.
+draws PER_CELL = 2 examples a cell; `thorough` 25). On 2026-12-06, on a 2-core Intel Xeon shared with other
+jobs (OPENBLAS_NUM_THREADS=1), the 176 tests took 22 s under `ci` at a quiet moment and 2.5 min at load 4 to 5
+(21 to 26 s of CPU time), and 12.5 min under `thorough` at that load (4.6 min of CPU time). Hypothesis does not
+shrink a failing cell here (minutes a cell): its draw is printed as found.
 
 Kinds: mlp (MLP), cnn (CNN: Conv2d, BatchNorm2d, max-pool), lstm (LSTM language model, checkpointed through
 time), encoder (BERT's kind), gpt.
