@@ -477,6 +477,10 @@ class Trainer:
         with autocast.autocast(dtype) if dtype else contextlib.nullcontext():
             if self.compute_loss_func is not None:
                 return self.compute_loss_func(self.model, batch)
+            if not {"input_ids", "labels"} <= set(batch):
+                raise ValueError(f"the Trainer's own loss is a language model's, on the batch's input_ids and labels; "
+                                 f"this batch holds {sorted(batch)}: pass compute_loss_func=f(model, batch) -> "
+                                 "(the sum of the batch's losses, the items it sums)")
             input_ids, labels = batch["input_ids"], batch["labels"]
             logits, _ = self.model(input_ids)  # (B, T, vocab)
             vocab = logits.shape[-1]
