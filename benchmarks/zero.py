@@ -29,9 +29,9 @@ What the formula leaves out, and the prediction adds (`remainder`):
                 the shard's mean gradient (4 S, "other" at the instant it is
                 made, before it is named a gradient).
   stage 2       after each backward, the micro-batch's whole leaf gradient
-                (4 Psi) and the padded flat copy it is gathered into (4 N S)
-                for the reduce-scatter: for that moment stage 2 holds more
-                gradient than stage 1 does.
+                (4 Psi) and the first of the N chunks of S elements it is
+                reduced in, one to each owner (4 S); each leaf gradient is
+                freed once all its elements are in chunks.
   all of them   the micro-batch's token ids (8 B T bytes, "other").
 
 The peak is the largest of these moments. tests/test_zero_memory.py checks
@@ -134,7 +134,7 @@ def predict(stage, P, n, backward, tokens):
     if stage == 1:
         moments.append(dict(gradients=4 * S, other=4 * S + tokens))
     if stage == 2:
-        moments.append(dict(gradients=4 * P + 4 * n * S, other=tokens))
+        moments.append(dict(gradients=4 * P + 4 * S, other=tokens))
     moments = [{**base, **states(stage, P, n), **m} for m in moments]
     return max(moments, key=lambda m: sum(m.values()))
 
@@ -150,8 +150,8 @@ def main():
           f"{os.cpu_count()} cores (os.cpu_count()), one BLAS thread a process")
     print("bytes of rank 0 at its peak, measured / predicted (formula + remainders); sent per optimizer step by "
           "each rank; median step time")
-    print("| N | stage | " + " | ".join(SHOWN) + " | peak | all-reduce | reduce-scatter | all-gather | step |")
-    print("|---" * (len(SHOWN) + 7) + "|")
+    print("| N | stage | " + " | ".join(SHOWN) + " | peak | all-reduce | reduce-scatter | reduce | all-gather | step |")
+    print("|---" * (len(SHOWN) + 8) + "|")
     for n in RANKS:
         for stage in STAGES:
             got, want = runs[n][0][stage], predict(stage, P, n, backward, tokens)
@@ -160,11 +160,12 @@ def main():
             sent = got["sent_per_step"]
             print(f"| {n} | {stage} | " + " | ".join(cells) + f" | {got['peak'] / 2**20:.3f} / "
                   f"{sum(want.values()) / 2**20:.3f} | {sent['all_reduce'] / 2**20:.3f} | "
-                  f"{sent['reduce_scatter'] / 2**20:.3f} | {sent['all_gather_arrays'] / 2**20:.3f} | "
+                  f"{sent['reduce_scatter'] / 2**20:.3f} | {sent['reduce'] / 2**20:.3f} | "
+                  f"{sent['all_gather_arrays'] / 2**20:.3f} | "
                   f"{got['step_seconds'] * 1e3:.0f} ms |")
     print(f"MiB. The all-reduce column counts the array once (Communicator.bytes_all_reduced); a ring all-reduce "
           f"moves it twice, a reduce-scatter then an all-gather: 2 Psi = {2 * 4 * P / 2**20:.3f} MiB, what stage 1 "
-          f"sends; stage 2 scatters each micro-batch. {time.perf_counter() - start:.0f} s")
+          f"sends; stage 2 reduces each micro-batch, N chunks of S. {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,14 @@ from pathlib import Path
 
 import numpy
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from tinygrad_ckpt import memory
+from tinygrad_ckpt.nn.module import Parameter
+from tinygrad_ckpt.tensor import Tensor
 from tinygrad_ckpt.train import Trainer, TrainingArguments
+from tinygrad_ckpt.zero import FlatShards, ShardedAccumulator
 
 from .test_distributed import find_mpiexec, needs_mpi
 
@@ -131,17 +137,64 @@ def test_each_rank_holds_its_shard_of_the_optimizer_state_and_at_stage_2_of_the_
 
 @needs_mpi
 @pytest.mark.parametrize("n", RANKS)
-def test_stage_1_sends_what_data_parallelism_sends_and_stage_2_scatters_each_micro_batch(launched, n):
+def test_stage_1_sends_what_data_parallelism_sends_and_stage_2_reduces_each_micro_batch_chunk_by_chunk(launched, n):
     """Stage 0: one all-reduce of the buffers a step; stage 1: one reduce-scatter and one all-gather of the
-    parameters a step (the two halves of an all-reduce); stage 2: a reduce-scatter per micro-batch."""
+    parameters a step (the two halves of an all-reduce); stage 2: N reduces per micro-batch, one shard-sized
+    chunk to each owner (one dtype here: one group), and the all-gather a step."""
     name, overrides, _ = CASES[0]
     steps = overrides["max_steps"]
-    micro_batches = launched(n)[0][f"{name}_2"]["micro_batches"]  # each ends with its gradients scattered
+    micro_batches = launched(n)[0][f"{name}_2"]["micro_batches"]  # each ends with its gradients reduced
     assert micro_batches > steps
     calls = {stage: launched(n)[0][f"{name}_{stage}"]["calls"] for stage in STAGES}
-    assert calls[0]["reduce_scatter"] == calls[0]["all_gather_arrays"] == 0
-    assert calls[1]["reduce_scatter"] == calls[1]["all_gather_arrays"] == steps
-    assert calls[2]["reduce_scatter"] == micro_batches and calls[2]["all_gather_arrays"] == steps
+    assert calls[0]["reduce_scatter"] == calls[0]["reduce"] == calls[0]["all_gather_arrays"] == 0
+    assert calls[1]["reduce_scatter"] == calls[1]["all_gather_arrays"] == steps and calls[1]["reduce"] == 0
+    assert calls[2]["reduce"] == n * micro_batches and calls[2]["reduce_scatter"] == 0
+    assert calls[2]["all_gather_arrays"] == steps
+
+
+class OneRankOfN:
+    """Rank `rank` of `size` processes, as the Communicator stage 2 calls: a reduce with this rank alone adds
+    nothing; it records each call's root, chunk, and the gradient bytes alive then."""
+
+    def __init__(self, rank, size):
+        self.rank, self.size, self.reduces = rank, size, []
+
+    def reduce_(self, array, root):
+        self.reduces.append((root, array.copy(), memory.current()["gradients"]))
+        return array
+
+
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=6), n=st.integers(1, 5), data=st.data())
+def test_stage_2_reduces_one_chunk_to_each_owner_and_frees_each_gradient_once_it_is_gathered(sizes, n, data):
+    """Chunk r is elements [r S, (r + 1) S) of the padded flat gradient, reduced to rank r, which adds it into its
+    buffer; while it is alive, the only other gradients are those with an element past it (the rest are freed),
+    so the step's peak is the leaf gradients and one chunk (the first: every gradient is still alive then)."""
+    if sum(sizes) == 0:
+        sizes = sizes + [1]
+    rank = data.draw(st.integers(0, n - 1))
+    used = data.draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))  # an unused one has no .grad
+    rng = numpy.random.default_rng(len(sizes) * 10 + n)
+    params = [Parameter(rng.standard_normal(k)) for k in sizes]
+    layout, comm = FlatShards(params, rank, n), OneRankOfN(rank, n)
+    accumulator = ShardedAccumulator(layout, comm, stage=2)
+    before, grads = memory.current()["gradients"], []
+    for p, u in zip(params, used):
+        grads.append(rng.standard_normal(p.shape) if u else numpy.zeros(p.shape))
+        if u:
+            p.grad = Tensor(grads[-1].copy())
+            memory.track(p.grad.data, "gradients")
+    memory.reset_peak()
+    holding = memory.total()  # the leaf gradients, and all the rest
+    accumulator.accumulate(1)
+    S, ends = layout.groups[0][2], numpy.cumsum(sizes)
+    assert [root for root, _, _ in comm.reduces] == list(range(n))
+    numpy.testing.assert_array_equal(numpy.concatenate([c for _, c, _ in comm.reduces]), flat_padded(grads, n))
+    for r, (_, chunk, alive) in enumerate(comm.reduces):
+        waiting = sum(8 * k for k, end, u in zip(sizes, ends, used) if u and end > (r + 1) * S)
+        assert alive - before == 8 * S + waiting, f"chunk {r}: {alive - before} gradient bytes alive"
+    assert all(p.grad is None for p in params) and memory.current()["gradients"] == before
+    assert memory.peak()[0] == holding + 8 * S  # one chunk of S float64 beside them, at the most
+    numpy.testing.assert_array_equal(accumulator.flats[0], flat_padded(grads, n)[rank * S : (rank + 1) * S])
 
 
 def test_a_stage_not_built_is_refused():

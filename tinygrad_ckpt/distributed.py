@@ -151,7 +151,7 @@ def bucket_buffers(accumulator):
 
 
 class Communicator:
-    """An MPI communicator with the three collectives data parallelism uses, each call counted.
+    """An MPI communicator with the three collectives data parallelism uses and ZeRO's three, each call counted.
 
     `calls` counts the calls by kind and `bytes_all_reduced` the bytes summed:
     that is how the tests, and tutorial 8, check that an optimizer step sends
@@ -162,9 +162,10 @@ class Communicator:
         self.MPI = import_mpi()
         self.comm = self.MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0, "reduce_scatter": 0, "all_gather_arrays": 0}
+        self.calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0, "reduce_scatter": 0, "reduce": 0,
+                      "all_gather_arrays": 0}
         self.bytes_all_reduced = 0
-        self.bytes_sent = {"reduce_scatter": 0, "all_gather_arrays": 0}  # ZeRO's collectives (zero.py): the input's bytes
+        self.bytes_sent = {"reduce_scatter": 0, "reduce": 0, "all_gather_arrays": 0}  # ZeRO's (zero.py): the input's bytes
 
     def all_reduce_(self, array):
         """Sum `array` over all processes, in place: afterwards every process holds the sum."""
@@ -195,6 +196,19 @@ class Communicator:
         self.calls["reduce_scatter"] += 1
         self.bytes_sent["reduce_scatter"] += host.nbytes
         return backend.to_device(shard, backend.device_of(array)) if host is not array else shard
+
+    def reduce_(self, array, root):
+        """Sum `array` over all processes into process `root`'s `array`, in place; the others' stay as they were."""
+        host = numpy.ascontiguousarray(backend.to_host(array))
+        if self.rank == root:
+            self.comm.Reduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM, root=root)
+            if host is not array:
+                array[...] = backend.to_device(host, backend.device_of(array))
+        else:
+            self.comm.Reduce(host, None, op=self.MPI.SUM, root=root)
+        self.calls["reduce"] += 1
+        self.bytes_sent["reduce"] += host.nbytes
+        return array
 
     def all_gather_(self, array):
         """Fill `array`, in place, with every process's shard: process r's from its own elements [r S, (r+1) S)."""

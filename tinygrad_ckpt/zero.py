@@ -36,12 +36,20 @@ One optimizer step, stage 1:
                   of the all-reduce. So stage 1 sends what data parallelism
                   sends, 2 P elements a step (the paper's 2 Psi, section 7).
 
-Stage 2: the accumulation buffers are the rank's shards only. Each
-micro-batch's gradients are gathered into a full-size flat array as soon as
-its backward ends and reduce-scattered into the shards, so a full-size
-gradient lives only for that moment (DeepSpeed reduces in buckets during the
-backward; one bucket is the plainest case). The price, with accumulation: a
-reduce-scatter per micro-batch instead of one per step.
+Stage 2: the accumulation buffers are the rank's shards only, so each
+micro-batch's gradients must reach their owners as soon as its backward
+ends. They go chunk by chunk: for r = 0 .. N-1, the S elements of the flat
+layout that rank r owns are gathered from the leaf gradients into one
+array, summed over the ranks into rank r (an MPI reduce), which adds them
+into its buffer; and every leaf gradient whose elements have all been
+gathered is freed there and then. So beside the leaf gradients lives one
+chunk of S elements at most: a full-size copy of them to reduce-scatter
+(4 N S bytes beside the 4 Psi of the leaf gradients) would lift stage 2's
+peak above stage 1's. The N reduces send what one reduce-scatter sends, N S
+elements a rank. DeepSpeed reduces in buckets during the backward, freeing
+each gradient as it goes; here the leaf gradients come out of the backward
+whole, and the chunks are the buckets. The price, with accumulation: the
+gradients are sent every micro-batch instead of once a step.
 
 What ZeRO does not shard: activations (checkpointing is for those), frozen
 parameters and buffers (BatchNorm's statistics), and, in stages 1 and 2, the
@@ -102,12 +110,12 @@ class FlatShards:
 
 
 class ShardedAccumulator(GradientAccumulator):
-    """GradientAccumulator's contract over FlatShards; `reduce_scatter_(comm)` once per optimizer step.
+    """GradientAccumulator's contract over FlatShards; `reduce_scatter_()` once per optimizer step.
 
     Stage 1: full-size buffers (views into one padded flat array per group),
     summed into this rank's shards by `reduce_scatter_`. Stage 2: shard-sized
-    buffers, into which each micro-batch's gradients are reduce-scattered in
-    `accumulate`. Either way `write_grads` gives each shard Parameter its
+    buffers, into which `accumulate` reduces each micro-batch's gradients,
+    one shard-sized chunk to each owner. Either way `write_grads` gives each shard Parameter its
     gradient, the mean over the global items.
     """
 
@@ -130,18 +138,33 @@ class ShardedAccumulator(GradientAccumulator):
 
     def accumulate(self, num_items, end_of_data=False):
         if self.stage == 2 and not (self.sync_gradients or self.written):  # this micro-batch's gradients, now
-            for (flat, members, S), buf in zip(self.layout.groups, self.flats):
-                full = backend.module_of(flat).zeros(S * self.layout.world_size, dtype=buf.dtype)
-                memory.track(full, "gradients")  # one micro-batch's whole gradient, until it is scattered
-                for i, view in zip(members, self.layout.views(full, members)):
-                    p = self.parameters[i]
-                    if p.grad is not None:
-                        view[...] = p.grad.data
-                        p.grad = None  # freed now, as GradientAccumulator.accumulate frees it
-                received = self.comm.reduce_scatter(full)  # this rank's shard of the sum: a buffer of S more
-                memory.track(received, "gradients")
-                buf += received
+            for (_, members, S), buf in zip(self.layout.groups, self.flats):
+                self.reduce_chunks_(members, S, buf)
         return super().accumulate(num_items, end_of_data)  # stage 2: every .grad is None, so it only counts
+
+    def reduce_chunks_(self, members, S, buf):
+        """Stage 2: the leaf gradients of one group, summed over the ranks into each owner's shard buffer `buf`.
+
+        Chunk r (elements [r S, (r + 1) S) of the flat layout) is gathered
+        from the gradients' slices that fall in it and reduced to rank r; a
+        gradient whose last element is in chunk r is freed once it is copied.
+        """
+        xp = backend.module_of(buf)
+        ends = numpy.cumsum([self.parameters[i].data.size for i in members])  # each parameter's end in the layout
+        for r in range(self.layout.world_size):
+            chunk = xp.zeros(S, dtype=buf.dtype)
+            memory.track(chunk, "gradients")  # the one chunk beside the leaf gradients
+            for i, stop in zip(members, ends):
+                p, start = self.parameters[i], stop - self.parameters[i].data.size
+                lo, hi = max(start, r * S), min(stop, (r + 1) * S)
+                if p.grad is not None and lo < hi:
+                    chunk[lo - r * S : hi - r * S] = p.grad.data.reshape(-1)[lo - start : hi - start]
+                if stop <= (r + 1) * S:
+                    p.grad = None  # every element copied: freed now, as GradientAccumulator.accumulate frees it
+            self.comm.reduce_(chunk, root=r)
+            if r == self.layout.rank:
+                buf += chunk
+            del chunk  # before the next one is made: one chunk at a time
 
     def reduce_scatter_(self):
         """Stage 1: this rank's shard of the sum over the ranks of each flat buffer (stage 2 has it already)."""
