@@ -189,7 +189,7 @@ def test_stage_2_reduces_one_chunk_to_each_owner_and_frees_each_gradient_once_it
     S, ends = layout.groups[0][2], numpy.cumsum(sizes)
     assert [root for root, _, _ in comm.reduces] == list(range(n))
     numpy.testing.assert_array_equal(numpy.concatenate([c for _, c, _ in comm.reduces]), flat_padded(grads, n))
-    for r, (_, chunk, alive) in enumerate(comm.reduces):
+    for r, (_, _, alive) in enumerate(comm.reduces):
         waiting = sum(8 * k for k, end, u in zip(sizes, ends, used) if u and end > (r + 1) * S)
         assert alive - before == 8 * S + waiting, f"chunk {r}: {alive - before} gradient bytes alive"
     assert all(p.grad is None for p in params) and memory.current()["gradients"] == before
