@@ -11,6 +11,9 @@ each size, and fit's table and command line against their contract.
 
 import doctest
 import gc
+import io
+import re
+import sys
 import time
 import tracemalloc
 from contextlib import contextmanager
@@ -518,6 +521,31 @@ def test_fit_command_prints_the_table(capsys):
     for label in ("no checkpointing", "every block", "half blocks", "sqrt(n)", "selective", "planner"):
         assert label in out
     assert "Recommendation: gradient accumulation" in out and "TrainingArguments(" in out
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_long_fit_shows_its_progress_on_a_terminal_only(terminal, monkeypatch):
+    """On a terminal the bar is drawn once the fit has taken a second, counts the runs, and is cleared
+    before the table is printed; on anything else (a pipe, a file, a notebook's capture) nothing is written."""
+    class Stream(io.StringIO):
+        def isatty(self):
+            return terminal
+
+    seconds = iter(range(10**6))  # a clock that moves a second at each look: every draw is due
+    monkeypatch.setattr(fit.progress.time, "perf_counter", lambda: next(seconds))
+    monkeypatch.setattr(sys, "stderr", Stream())
+    fit._STEPS.clear()
+    fit._PROFILES.clear()
+    plan = fit.plan_training(SMALL, effective_batch_size=2, device_memory="1GiB")
+    written = sys.stderr.getvalue()
+    if not terminal:
+        assert written == ""
+        return
+    runs = re.findall(r"step (\d+) of about (\d+) running", written)
+    done = [int(step) for step, _ in runs]
+    assert done == sorted(done) and done[-1] > 2 * len(fit.STRATEGIES)  # each strategy run twice, then the planner
+    assert all(int(step) <= int(total) for step, total in runs)
+    assert written.endswith("\r\033[K") and "Will it fit?" in str(plan)
 
 
 def test_fit_output_explains_its_columns_and_counts_one_example_in_the_singular():

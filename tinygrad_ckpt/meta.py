@@ -23,7 +23,7 @@ CuPy stand-in is:
     Traceback (most recent call last):
     tinygrad_ckpt.backend.NeedsValues: .item(): a meta tensor has no values; ...
 
-`count.peak` is the highest live bytes; fit.py's `estimate_step` runs a
+`count.peak` is the highest live bytes; fit's `estimate_step` runs a
 whole Trainer step this way.
 
 Every array the engine makes passes through this module (an op's scratch
@@ -72,7 +72,7 @@ bound) or "cpu" (NumPy: some ops work in pieces, and a host array brought
 over is the device's own, counted from then on for as long as it lives).
 
 What does not live here: the accounting by category (memory.py), the
-questions asked of a step (fit.py).
+questions asked of a step (fit/).
 """
 
 import builtins

@@ -1,5 +1,5 @@
 """What fit sees of a step as it runs: memory.py's tracker, keeping the bytes by category at every check,
-and the FLOPs of the ops the op events name.
+and the FLOPs of the ops the op events name (and each op event moves the progress bar).
 
 It reaches into the tracker (its `_update_peak` and the timeline's `_made`
 and `_freed`), which a public way of watching the engine will replace.
@@ -9,6 +9,7 @@ from array import array
 
 from .. import memory, meta, policies
 from ..ops.flops import op_flops
+from . import progress
 
 
 class _Recorder(memory.MemoryTracker):
@@ -38,6 +39,7 @@ class _Recorder(memory.MemoryTracker):
         self._made, self._freed = [], {}  # what the tracker gathers for a timeline point: none is kept here
         if outputs is None:
             return
+        progress.op()
         phase = phase or self.phase
         if phase == "forward":
             self.forward_flops += op_flops(op, [a.shape for a in inputs], [o.shape for o in outputs])
