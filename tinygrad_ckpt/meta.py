@@ -143,17 +143,17 @@ def counting(points=False, stands_in_for=None):
 
 
 # -- the array -------------------------------------------------------------------------
-def _contiguous(shape, itemsize):
-    """The strides of a new (C-contiguous) array; asked again and again, so kept."""
-    key = (shape, itemsize)
-    strides = _CONTIGUOUS.get(key)
-    if strides is None:
-        strides, step = [], itemsize
+def _contiguous(shape, dtype):
+    """The bytes and the strides of a new (C-contiguous) array; asked again and again, so kept."""
+    key = (shape, dtype)
+    answer = _CONTIGUOUS.get(key)
+    if answer is None:
+        strides, step = [], dtype.itemsize
         for n in reversed(shape):
             strides.append(step)
             step *= builtins.max(n, 1)
-        strides = _CONTIGUOUS[key] = tuple(reversed(strides))
-    return strides
+        answer = _CONTIGUOUS[key] = math.prod(shape) * dtype.itemsize, tuple(reversed(strides))
+    return answer
 
 
 _CONTIGUOUS = {}
@@ -168,25 +168,26 @@ class ndarray(backend.ReadsRefused):
     __hash__ = None
 
     def __init__(self, shape, dtype, strides=None, base=None):
-        self._count = None
-        self.shape = shape if type(shape) is tuple else tuple(int(n) for n in shape)
-        self.dtype = dtype if isinstance(dtype, numpy.dtype) else numpy.dtype(dtype)
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
-        contiguous = _contiguous(self.shape, self.dtype.itemsize)
+        shape = self.shape = shape if type(shape) is tuple else tuple(int(n) for n in shape)
+        dtype = self.dtype = dtype if isinstance(dtype, numpy.dtype) else numpy.dtype(dtype)
+        nbytes, contiguous = _contiguous(shape, dtype)
+        self.nbytes = nbytes
         if strides is None:
             self.strides, self.contiguous = contiguous, True
         else:
             self.strides = strides = tuple(strides)
             self.contiguous = strides == contiguous or all(
-                s == c or n == 1 for s, c, n in zip(strides, contiguous, self.shape))
+                s == c or n == 1 for s, c, n in zip(strides, contiguous, shape))
         self.base = base
         if base is None:  # new memory: counted until the array is freed
             self._count = count
-            count.live += self.nbytes
+            count.live += nbytes
             if count.live > count.peak:
                 count.peak = count.live
             if count.points is not None:
                 count.points.append(count.live)
+        else:
+            self._count = None
 
     def __del__(self):
         if self._count is not None:
@@ -561,7 +562,7 @@ class _Layout(namedtuple("_Layout", "shape strides dtype")):
     ndim = property(lambda self: len(self.shape))
     itemsize = property(lambda self: self.dtype.itemsize)
     contiguous = property(lambda self: all(s == c or n == 1 for s, c, n in zip(
-        self.strides, _contiguous(self.shape, self.dtype.itemsize), self.shape)))
+        self.strides, _contiguous(self.shape, self.dtype)[1], self.shape)))
 
 
 def _axis(i, ndim):
