@@ -685,6 +685,19 @@ def _cuda_copies(arrays):
 
 
 def matmul(a, b, out=None):
+    key = ("matmul", a.shape, a.dtype, b.shape, b.dtype)
+    if key not in _PRODUCTS:
+        _PRODUCTS[key] = _matmul(a, b)
+    copies = _cuda_copies([a, b])  # noqa: F841 (alive until the product is made)
+    if out is not None:
+        return out
+    return ndarray(*_PRODUCTS[key])
+
+
+_PRODUCTS = {}  # ("matmul" or einsum's subscripts, each operand's shape and dtype) -> the result's shape and dtype
+
+
+def _matmul(a, b):
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: Input operand does not have enough dimensions")
     m = a.shape[-2:-1] if a.ndim > 1 else ()
@@ -693,11 +706,7 @@ def matmul(a, b, out=None):
     if k_a != k_b:
         raise ValueError(f"matmul: mismatch in its core dimension ({k_a} is not {k_b}), shapes {a.shape} and {b.shape}")
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    result = numpy.matmul.resolve_dtypes((a.dtype, b.dtype, None))[-1]
-    copies = _cuda_copies([a, b])  # noqa: F841 (alive until the product is made)
-    if out is not None:
-        return out
-    return ndarray(batch + m + n, result)
+    return batch + m + n, numpy.matmul.resolve_dtypes((a.dtype, b.dtype, None))[-1]
 
 
 def vdot(a, b):
@@ -708,6 +717,16 @@ def vdot(a, b):
 
 def einsum(subscripts, *operands):
     """numpy.einsum with explicit output ("...i,...i->..."): the output's shape from the letters."""
+    key = (subscripts,) + tuple((o.shape, o.dtype) for o in operands)
+    if key not in _PRODUCTS:
+        _PRODUCTS[key] = _einsum(subscripts, operands)
+    copies = _cuda_copies(operands)  # noqa: F841
+    products = ndarray(numpy.broadcast_shapes(*(o.shape for o in operands)), operands[0].dtype) \
+        if like == "cuda" and len(operands) > 1 and operands[0].ndim == operands[1].ndim else None  # noqa: F841
+    return ndarray(*_PRODUCTS[key])
+
+
+def _einsum(subscripts, operands):
     if "->" not in subscripts:
         raise NotImplementedError("meta.einsum needs an explicit output ('ij,jk->ik')")
     inputs, output = subscripts.replace(" ", "").split("->")
@@ -734,10 +753,7 @@ def einsum(subscripts, *operands):
     for part in output.split("..."):
         shape.append(tuple(sizes[letter] for letter in part))
     shape = shape[0] + broadcast + shape[1] if "..." in output else shape[0]
-    copies = _cuda_copies(operands)  # noqa: F841
-    products = ndarray(numpy.broadcast_shapes(*(o.shape for o in operands)), operands[0].dtype) \
-        if like == "cuda" and len(operands) > 1 and operands[0].ndim == operands[1].ndim else None  # noqa: F841
-    return ndarray(shape, numpy.result_type(*(o.dtype for o in operands)))
+    return shape, numpy.result_type(*(o.dtype for o in operands))
 
 
 # -- shapes -------------------------------------------------------------------------------
