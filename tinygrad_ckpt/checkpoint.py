@@ -63,12 +63,10 @@ from contextlib import contextmanager
 
 import numpy
 
-from . import autocast, backend, determinism, function, memory, policies, random, tape
+from . import autocast, backend, determinism, function, memory, policies, random, recompute, tape
 from . import functional as F
 from .determinism import CHECKS, CheckpointError
 from .function import Function
-from .policies import Stash
-from .recompute import RecomputeTape, SegmentTape, StopRecompute, full_plan, make_plan
 from .schedules import segment_bounds
 from .tensor import Tensor
 
@@ -286,48 +284,34 @@ class Checkpoint(Function):
         n = len(segment.inputs)
         computed = [a for a, t in zip(arrays[n:], segment.outer) if not t.is_leaf]
         ctx.segment = segment
-        ctx.save_for_backward(*arrays[:n], *computed, *segment.stash_arrays())
+        ctx.save_for_backward(*arrays[:n], *computed, *segment.path.kept_arrays())
         ctx.saved_versions = segment.versions(arrays)
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
         segment = ctx.segment
-        inputs = segment.stand_ins(ctx.saved_arrays)
-        # 1. Run the segment again, on a short-lived tape of its own.
-        recompute_tape, output_edges = segment.recompute(inputs, ctx.saved_arrays)
+        # 1. Recompute: run the segment again, on stand-ins for its inputs, on a short-lived tape of its own.
+        inputs, recompute_tape, output_edges = segment.path.recompute(ctx.saved_arrays)
         # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call.
-        segment.watch_outputs_inside(ctx, output_edges)
-        pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
-        # The stand-ins collect the gradients of the inputs the backward call wants.
-        stand_ins = tape.current_task().wanted(inputs, segment.inputs)
-        leftover = recompute_tape.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=stand_ins)
+        edges, grads = segment.gradients_in(ctx, output_edges, grads)
+        leftover = recompute_tape.backward(edges, grads, own_leaves=segment.wanted(inputs))
         # 3. Hand the inputs' gradients on to the outer tape.
-        in_grads = []
-        for t in inputs:
-            g = t.grad.data if t.requires_grad and t.grad is not None else None
-            if g is not None:
-                memory.release(g, "gradients")  # it is handed on, not kept as a .grad
-            in_grads.append(g)
-        for t, edge in zip(segment.outer, segment.outer_edges):
-            # A parameter has had its gradient in the inner backward; a computed tensor's comes back here.
-            in_grads.append(None if t.is_leaf else leftover.get(edge))
-        return tuple(in_grads)
+        return segment.gradients_out(inputs, leftover)
 
 
 class _Segment:
-    """Everything a Checkpoint record needs to run its segment again.
+    """Everything a Checkpoint record needs to run its segment again: the plain path.
 
     It keeps no tensor arrays itself (the record's save_for_backward does):
-    the arguments with their tensors taken out, the outside tensors' version
-    counters, and the parameters (which live anyway).
+    the arguments with their tensors taken out, and the outside tensors
+    (parameters, which live anyway; for a computed one, its version counter).
+    Its forward runs on a _ForwardTape, which keeps nothing; its recompute
+    runs the whole segment again on a fresh tape.
 
-    Two paths. The plain one (a full recompute, no policy): the forward
-    runs on a _ForwardTape, which keeps nothing; the backward runs the whole
-    segment again on a fresh tape. The planned one (recompute.py, the
-    default: early stop, rebuilt and skipped records, a policy's kept ops):
-    the forward notes every op, and the recompute runs only what backward
-    needs. Both give the same gradients (tests/test_equivalence.py).
+    `path` is what runs the segment: the segment itself, or the planned
+    recompute layered on it (recompute.py), chosen once, here; each gives
+    the same gradients (tests/test_equivalence.py).
     """
 
     def __init__(self, fn, args, kwargs, policy, options):
@@ -337,25 +321,20 @@ class _Segment:
         self.template, self.inputs = _flatten((args, kwargs))  # the arguments, tensors taken out
         self.preserve_rng_state = options["preserve_rng_state"]
         self.determinism_check, self.debug = options["determinism_check"], options["debug"]
-        policy = policies.resolve(policy)
-        self.stash = Stash(policy, self.name) if policy is not None else None
-        # Recompute in full (no early stop, nothing skipped): asked for, or needed to compare values.
-        self.full = not options["early_stop"] or self.determinism_check != "default"
-        self.plain = self.full and policy is None  # a policy needs the planned path's notes, even in full
         self.checks = self.determinism_check != "none"
         self.generators = []  # (generator, its state before the segment's first draw)
-        self._plan = None
+        self.path = recompute.choose(self, policy, options)
 
     def call(self, inputs):
-        """fn with `inputs` in the places of the tensor arguments."""
+        """fn again, with `inputs` in the places of the tensor arguments; the tensors it returns, in order."""
         args, kwargs = _unflatten(self.template, iter(inputs))
-        return self.fn(*args, **kwargs)
+        return _flatten(self.fn(*args, **kwargs))[1]
 
     def forward(self):
         """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
         self.input_versions = [t._version for t in self.inputs]
         self.autocast = autocast.get_dtype()  # the recompute makes the same casts (autocast.py)
-        forward_tape = _ForwardTape(self) if self.plain else SegmentTape(self, self.inputs)
+        forward_tape = self.path.forward_tape()
         with random.observing(self.preserve_rng_state) as self.generators, tape.recording(forward_tape):
             returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
         self.args = self.kwargs = None
@@ -363,31 +342,23 @@ class _Segment:
         # An output an op of the segment made (not an input or an outside tensor returned as it is).
         self.made_inside = [o._node is not None and o._node.tape is forward_tape for o in outputs]
         self.recorded = [o.requires_grad and inside for o, inside in zip(outputs, self.made_inside)]
-        forward_tape.learn(self, outputs)  # the outside tensors (and the planned path's notes)
+        forward_tape.learn(self, outputs)  # the outside tensors (and what the path keeps of the forward)
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
-        # The parameters are held (they live anyway); a computed tensor from outside is not: the record saves its array.
-        self.params = [t if t.is_leaf else None for t in self.outer]
         determinism.remember_outputs(self, outputs)
         return template, outputs
 
-    def drop_forward_tensors(self):
-        self.outer = [t if t.is_leaf else _ComputedOutside(t) for t in self.outer]  # no computed tensor from outside held
-
-    def recompute(self, inputs, saved):
-        """Run the segment's code again; (the tape it ran on, the gradient edges of its outputs that need one).
-
-        saved: the record's saved arrays (inputs, computed outside tensors, what a policy kept).
-        """
-        if not self.plain:
-            return self.recompute_planned(inputs, saved)
+    def recompute(self, saved):
+        """Run the segment's code again on a fresh tape: (the stand-ins for its inputs, the tape,
+        the gradient edges of its outputs that need one). saved: the record's saved arrays."""
+        inputs = self.stand_ins(saved)
         recompute_tape = determinism.CheckedTape(self) if self.checks else tape.Tape()
         with self.running_again(recompute_tape):
-            outputs = _flatten(self.call(inputs))[1]
+            outputs = self.call(inputs)
         if self.checks:
             recompute_tape.check_all_ran()
             determinism.check_outputs(self, outputs)
-        return recompute_tape, [tape.get_gradient_edge(o) for o, r in zip(outputs, self.recorded) if r]
+        return inputs, recompute_tape, [tape.get_gradient_edge(o) for o, r in zip(outputs, self.recorded) if r]
 
     @contextmanager
     def running_again(self, recompute_tape):
@@ -413,55 +384,21 @@ class _Segment:
             for g, state in callers:
                 g.bit_generator.state = state
 
-    # -- the planned path (recompute.py) ---------------------------------------------
-    def recompute_planned(self, inputs, saved):
-        """The recompute of the planned path: as far as the plan says, the rest rebuilt (recompute.py)."""
-        n, c = len(self.inputs), sum(not t.is_leaf for t in self.outer)
-        outer_arrays = self.outer_arrays(saved[n:n + c])
-        try:
-            recompute_tape = self.run_plan(self.plan(), inputs, outer_arrays, saved[n + c:])
-        except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
-            self.full = True
-            inputs[:] = self.stand_ins(saved)  # fresh stand-ins, in the caller's list: their .grad is read there
-            recompute_tape = self.run_plan(self.plan(), inputs, outer_arrays, saved[n + c:])
-        output_edges = recompute_tape.output_edges()
-        recompute_tape.close()
-        return recompute_tape, output_edges
+    def forward_tape(self):
+        return _ForwardTape(self)
 
-    def plan(self):
-        """What the recompute runs (recompute.make_plan), made at the first backward."""
-        if self.full:
-            return full_plan(self.notes)
-        if self._plan is None:
-            self._plan = make_plan(self.notes, self.out_origins)
-        return self._plan
+    def kept_arrays(self):
+        """What the record saves beside the inputs: nothing, on the plain path (a policy's kept arrays: recompute.py)."""
+        return ()
 
-    def run_plan(self, plan, inputs, outer_arrays, stashed):
-        """Run the segment's code again on a RecomputeTape, as far as the plan says; the tape."""
-        recompute_tape = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
-        returned, outputs = False, None
-        if plan.stop >= 0:
-            with self.running_again(recompute_tape):
-                try:
-                    outputs = self.call(inputs)
-                    returned = True
-                except StopRecompute:
-                    pass
-        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
-            recompute_tape.finish(returned)
-        if returned and self.checks:
-            determinism.check_outputs(self, _flatten(outputs)[1])
-        return recompute_tape
+    def op_names(self):
+        """The forward's ops, by name, for the determinism check's message."""
+        return [name for name, _ in self.ops]
 
-    def outer_arrays(self, computed):
-        """Per outside tensor, its array: a parameter's own, a computed tensor's as the record saved it."""
-        computed = iter(computed)
-        return [p.data if p is not None else next(computed) for p in self.params]
+    # -- bookkeeping: the record's versions, stand-ins, the gradients in and out ------
+    def drop_forward_tensors(self):
+        self.outer = [t if t.is_leaf else _ComputedOutside(t) for t in self.outer]  # no computed tensor from outside held
 
-    def stash_arrays(self):
-        return self.stash.hand_over() if self.stash is not None else ()
-
-    # -- what the record checks, and asks --------------------------------------------
     def versions(self, arrays):
         """The record's saved_versions: every input and outside tensor, as the segment's forward found them.
 
@@ -482,25 +419,41 @@ class _Segment:
         return [Tensor(a, requires_grad=t.requires_grad, device=backend.device_of(a))
                 for t, a in zip(self.inputs, saved)]
 
-    def watch_outputs_inside(self, ctx, output_edges):
-        """The recompute's edges of the record's outputs that the backward call asks for, watched in their stead.
+    def gradients_in(self, ctx, output_edges, grads):
+        """(edges, arrays): where the outputs' gradients enter the recompute, for its backward.
 
         The record is one node for all the segment's outputs, so it has no edge
         from one output to another (y, z = checkpoint(fn, x) with z = 3 * y).
         Each of its outputs is a tensor of the recompute too, and there its
-        gradient has every path: the outer walk leaves it to this.
+        gradient has every path: the outer walk leaves a watched output's to this.
         """
         task = tape.current_task()
-        if task is None or not task.watched:
-            return
         for (node, i), t in list(task.watched.items()):
             if node is not None and node.ctx is ctx:
                 task.watched[output_edges[i]] = t
+        pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
+        return [e for e, _ in pairs], [g for _, g in pairs]
+
+    def wanted(self, inputs):
+        """The stand-ins whose gradients the backward call wants: the recompute's walk collects them."""
+        return tape.current_task().wanted(inputs, self.inputs)
+
+    def gradients_out(self, inputs, leftover):
+        """The record's gradients: the stand-ins' (handed on, not kept as a .grad), then per outside tensor,
+        a computed one's from `leftover` (a parameter has had its own in the recompute's walk)."""
+        in_grads = []
+        for t in inputs:
+            g = t.grad.data if t.requires_grad and t.grad is not None else None
+            if g is not None:
+                memory.release(g, "gradients")
+            in_grads.append(g)
+        for t, edge in zip(self.outer, self.outer_edges):
+            in_grads.append(None if t.is_leaf else leftover.get(edge))
+        return tuple(in_grads)
 
     def mismatch(self, what, ran):
         """Raise the determinism check's error (determinism.py)."""
-        forward = [name for name, _ in self.ops] if self.plain else [n.name for n in self.notes]
-        determinism.mismatch(self.name, what, forward, ran, self.debug)
+        determinism.mismatch(self.name, what, self.path.op_names(), ran, self.debug)
 
 
 class _ForwardTape(tape.Tape):
@@ -540,7 +493,6 @@ class _ForwardTape(tape.Tape):
     def learn(self, segment, outputs):
         """After the forward: the outside tensors, and the ops for the determinism check, on the segment."""
         segment.outer, segment.ops = list(self.outer.values()), self.ops
-
 
 class _ComputedOutside:
     """What the record still needs of a computed tensor from outside once the forward is done:

@@ -53,15 +53,77 @@ what a policy keeps (policies.py), the walk (tape.py).
 import weakref
 
 from . import backend, function, memory, tape
+from . import determinism
 from .determinism import describe, saved_meta
 from .ops.flops import op_flops
-from .policies import RECOMPUTE, decide, where_in_call
+from .policies import RECOMPUTE, Stash, decide, resolve, where_in_call
 
 RUN, KEEP, REBUILD, SKIP = "run", "keep", "rebuild", "skip"
 
 
 class StopRecompute(BaseException):
     """Raised by the recompute tape at the stop. A BaseException, so that `except Exception` in a segment's code lets it pass."""
+
+
+def choose(segment, policy, options):
+    """What runs a checkpointed segment, chosen once as it is made: the segment itself (the plain path,
+    checkpoint.py) for a full recompute without a policy, else a PlannedRecompute layered on it."""
+    policy = resolve(policy)
+    # Recompute in full (no early stop, nothing skipped): asked for, or needed to compare values.
+    full = not options["early_stop"] or options["determinism_check"] != "default"
+    return segment if full and policy is None else PlannedRecompute(segment, policy, full)
+
+
+class PlannedRecompute:
+    """The planned path of one segment: in place of the plain path's forward tape and recompute, it
+    notes the forward's ops and runs the recompute as far as the plan says. The segment
+    (checkpoint._Segment) still runs the code, holds its inputs and does the bookkeeping."""
+
+    def __init__(self, segment, policy, full):
+        self.segment, self.name, self.full = segment, segment.name, full
+        self.stash = Stash(policy, segment.name) if policy is not None else None
+        self.notes = self.out_origins = self.plan = None  # the forward's; the plan, at the first backward
+
+    def forward_tape(self):
+        return SegmentTape(self, self.segment.inputs)
+
+    def kept_arrays(self):
+        return self.stash.hand_over() if self.stash is not None else ()
+
+    def op_names(self):
+        return [n.name for n in self.notes]
+
+    def recompute(self, saved):
+        """As the plain path's (checkpoint._Segment.recompute), but as far as the plan says, the rest rebuilt.
+
+        saved: the record's saved arrays (inputs, computed outside tensors, what a policy kept).
+        """
+        try:
+            return self.run_again(saved)
+        except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
+            self.full, self.plan = True, None
+            return self.run_again(saved)
+
+    def run_again(self, saved):
+        segment = self.segment
+        if self.plan is None:
+            self.plan = full_plan(self.notes) if self.full else make_plan(self.notes, self.out_origins)
+        inputs = segment.stand_ins(saved)
+        recompute_tape = RecomputeTape(self, inputs, saved)
+        returned = False
+        if self.plan.stop >= 0:  # -1: nothing to run, the segment is not called at all
+            with segment.running_again(recompute_tape):
+                try:
+                    outputs, returned = segment.call(inputs), True
+                except StopRecompute:
+                    pass
+        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
+            recompute_tape.finish(returned)
+        if returned and segment.checks:
+            determinism.check_outputs(segment, outputs)
+        output_edges = recompute_tape.output_edges()
+        recompute_tape.close()
+        return inputs, recompute_tape, output_edges
 
 
 # -- the forward: one note per op ------------------------------------------------------
@@ -105,10 +167,10 @@ class SegmentTape(tape.Tape):
     the code reads from its closure), and lets the record go at once.
     """
 
-    def __init__(self, segment, inputs):
+    def __init__(self, planned, inputs):
         super().__init__()
-        self.segment = segment
-        self.label = f"the forward of checkpoint segment '{segment.name}'"
+        self.planned = planned  # a PlannedRecompute: its policy's stash; the notes are left on it
+        self.label = f"the forward of checkpoint segment '{planned.name}'"
         self.notes = []
         self.input_arrays = [t.data for t in inputs]
         self.input_ids = {id(t) for t in inputs}
@@ -126,7 +188,7 @@ class SegmentTape(tape.Tape):
         return None
 
     def run(self, op, ctx, arrays, options):
-        stash = self.segment.stash
+        stash = self.planned.stash
         nested = getattr(op, "is_checkpoint", False)
         decision = RECOMPUTE if stash is None or nested else decide(stash.policy, op.__name__)
         ctx.counted = False  # noted, not kept: nothing here is counted as saved
@@ -153,13 +215,12 @@ class SegmentTape(tape.Tape):
         node.release_graph()  # keep no graph: the segment's intermediates are freed as under no_grad
 
     def learn(self, segment, outputs):
-        """After the forward: the notes, where each output came from, and the outside tensors, on the segment.
-
-        Then it lets go of everything else (the records point back at this tape).
+        """After the forward: the outside tensors on the segment; the notes, and where each output came
+        from, on the planned recompute. Then it lets go of everything else (the records point back at this tape).
         """
-        segment.out_origins = [(self.origin_of_output(o), o.requires_grad) for o in outputs]
-        segment.notes, segment.outer = self.notes, list(self.outer.values())
-        self.produced = self.outer = self.input_arrays = self.input_ids = self.notes = self.segment = None
+        self.planned.out_origins = [(self.origin_of_output(o), o.requires_grad) for o in outputs]
+        self.planned.notes, segment.outer = self.notes, list(self.outer.values())
+        self.produced = self.outer = self.input_arrays = self.input_ids = self.notes = self.planned = None
 
     def origin_of_output(self, t):
         """Where a segment output came from; a tensor from outside that needs a gradient is one of its inputs."""
@@ -286,7 +347,7 @@ def recompute_shares(fn, x):
     """
     traced = _Traced()
     inputs = x if isinstance(x, tuple) else (x,)
-    forward_tape = SegmentTape(traced, list(inputs))
+    forward_tape = SegmentTape(traced, list(inputs))  # the trace plays both the segment and its planned recompute
     with tape.recording(forward_tape):
         out = fn(*inputs)
     forward_tape.learn(traced, list(out) if isinstance(out, tuple) else [out])
@@ -302,7 +363,7 @@ def recompute_shares(fn, x):
 
 
 class _Traced:
-    """The little a SegmentTape asks of its segment, for a trace that is no checkpoint."""
+    """The little a SegmentTape asks of its segment and planned recompute, for a trace that is no checkpoint."""
 
     name, stash = "a layer being measured", None
 
@@ -324,13 +385,16 @@ class RecomputeTape(tape.Tape):
 
     replays_hooks = True
 
-    def __init__(self, segment, plan, inputs, outer_arrays, stashed):
+    def __init__(self, planned, inputs, saved):
         super().__init__()
-        self.segment, self.notes, self.plan = segment, segment.notes, plan
-        self.label = f"the recompute of checkpoint segment '{segment.name}'"
+        segment = self.segment = planned.segment
+        self.planned, self.notes, self.plan = planned, planned.notes, planned.plan
+        self.label = f"the recompute of checkpoint segment '{planned.name}'"
         self.inputs = inputs  # the stand-ins for the segment's inputs
-        self.outer_arrays = outer_arrays  # per tensor from outside: its array
-        self.stashed = stashed  # what a policy kept, from the record's saved arrays
+        # The record's saved arrays: the inputs, the computed tensors from outside, what a policy kept.
+        n, computed = len(inputs), iter(saved[len(inputs):])
+        self.outer_arrays = [t.data if t.is_leaf else next(computed) for t in segment.outer]  # per outside tensor
+        self.stashed = saved[n + sum(not t.is_leaf for t in segment.outer):]
         self.position = 0
         self.by_position = {}  # op index -> its record here (held until the rebuilt records point at them)
         self.held = {}  # (op index, output index) -> array a record rebuilt after the stop needs
@@ -340,7 +404,7 @@ class RecomputeTape(tape.Tape):
     def run(self, op, ctx, arrays, options):
         j = self.position
         self.ran.append(op.__name__)
-        if j > self.plan.stop and not self.segment.full:
+        if j > self.plan.stop and not self.planned.full:
             raise StopRecompute  # every op that must be run again has been: what follows is neither run nor checked
         expected = self.notes[j].name if j < len(self.notes) else "nothing more"
         policy_kept = j < len(self.notes) and self.notes[j].kept is not None  # a replay needs the same op
@@ -386,7 +450,7 @@ class RecomputeTape(tape.Tape):
         """Check that the code reached what it had to; rebuild the records after the stop."""
         # Early stop checks only what comes before the stop: returning after it is no mismatch.
         if self.segment.checks and (self.position <= self.plan.stop or
-                                       (returned and self.segment.full and self.position != len(self.notes))):
+                                       (returned and self.planned.full and self.position != len(self.notes))):
             self.segment.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
         for j in self.plan.rebuilt:
             note = self.notes[j]
@@ -428,7 +492,7 @@ class RecomputeTape(tape.Tape):
 
     def output_edges(self):
         """The gradient edge of each segment output that requires grad (its record here)."""
-        return [self.edge(origin) for (origin, _), r in zip(self.segment.out_origins, self.segment.recorded) if r]
+        return [self.edge(origin) for (origin, _), r in zip(self.planned.out_origins, self.segment.recorded) if r]
 
     # -- helpers -------------------------------------------------------------------
     def kept_output(self, j, k):
