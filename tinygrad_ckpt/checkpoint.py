@@ -18,7 +18,7 @@ Cost"): normally every op of a segment keeps what its backward needs until
 backward reaches it; a checkpointed segment keeps only its inputs, and pays
 for it with at most one more forward of the segment. Tutorial 5 teaches it.
 
-The plain path, built only from tape primitives (tape.py, function.py):
+This file is the plain path, built only from tape primitives (tape.py, function.py):
 
   forward   `fn` runs on a `_ForwardTape`, which records nothing and keeps
             nothing, but learns which tensors from outside the segment need
@@ -31,16 +31,13 @@ The plain path, built only from tape primitives (tape.py, function.py):
             and backpropagates through that tape as part of the same
             backward call; the inputs' gradients go back to the outer tape.
 
-That path is taken for a full recompute without a policy
-(`early_stop=False`). The default adds refinements, each in a file of its
-own and each giving the same gradients (tests/test_equivalence.py):
-  * recompute.py: the forward notes every op; the recompute runs only what
-    backward needs, rebuilds the records whose arrays exist already, and
-    stops early (PyTorch's early stop);
-  * policies.py: ops a policy keeps are not run again (JAX's policies);
-  * determinism.py: the recompute must run the forward's ops
-    (`determinism_check`, PyTorch's name);
-  * saved-tensor hooks (function.py, autograd.py) pack what the record saves.
+Refinements are layered on it, each in a file of its own and each giving
+the same gradients (tests/test_equivalence.py): the planned recompute,
+recompute.py, chosen once where the segment is made (the default; a full
+recompute without a policy, `early_stop=False`, is the plain path itself):
+it runs again only what backward needs and stops early (PyTorch's early
+stop), and replays what a policy kept (policies.py); the determinism check
+(determinism.py); saved-tensor hooks (function.py, autograd.py).
 
 Takes: `fn`, and tensors anywhere in its arguments (inside tuples, lists,
 dicts; positional or keyword), beside values of any other kind; `fn` may
@@ -293,9 +290,10 @@ class Checkpoint(Function):
         segment = ctx.segment
         # 1. Recompute: run the segment again, on stand-ins for its inputs, on a short-lived tape of its own.
         inputs, recompute_tape, output_edges = segment.path.recompute(ctx.saved_arrays)
-        # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call.
+        # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call
+        #    (the stand-ins collect the gradients the call wants for the inputs).
         edges, grads = segment.gradients_in(ctx, output_edges, grads)
-        leftover = recompute_tape.backward(edges, grads, own_leaves=segment.wanted(inputs))
+        leftover = recompute_tape.backward(edges, grads, own_leaves=tape.current_task().wanted(inputs, segment.inputs))
         # 3. Hand the inputs' gradients on to the outer tape.
         return segment.gradients_out(inputs, leftover)
 
@@ -384,15 +382,14 @@ class _Segment:
             for g, state in callers:
                 g.bit_generator.state = state
 
+    # -- what a refinement takes over (recompute.PlannedRecompute) ---------------------
     def forward_tape(self):
         return _ForwardTape(self)
 
-    def kept_arrays(self):
-        """What the record saves beside the inputs: nothing, on the plain path (a policy's kept arrays: recompute.py)."""
+    def kept_arrays(self):  # what the record saves beside the inputs: nothing more
         return ()
 
-    def op_names(self):
-        """The forward's ops, by name, for the determinism check's message."""
+    def op_names(self):  # the forward's ops, for the determinism check's message
         return [name for name, _ in self.ops]
 
     # -- bookkeeping: the record's versions, stand-ins, the gradients in and out ------
@@ -434,22 +431,14 @@ class _Segment:
         pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
         return [e for e, _ in pairs], [g for _, g in pairs]
 
-    def wanted(self, inputs):
-        """The stand-ins whose gradients the backward call wants: the recompute's walk collects them."""
-        return tape.current_task().wanted(inputs, self.inputs)
-
     def gradients_out(self, inputs, leftover):
         """The record's gradients: the stand-ins' (handed on, not kept as a .grad), then per outside tensor,
         a computed one's from `leftover` (a parameter has had its own in the recompute's walk)."""
-        in_grads = []
-        for t in inputs:
-            g = t.grad.data if t.requires_grad and t.grad is not None else None
+        grads = [t.grad.data if t.requires_grad and t.grad is not None else None for t in inputs]
+        for g in grads:
             if g is not None:
                 memory.release(g, "gradients")
-            in_grads.append(g)
-        for t, edge in zip(self.outer, self.outer_edges):
-            in_grads.append(None if t.is_leaf else leftover.get(edge))
-        return tuple(in_grads)
+        return (*grads, *(None if t.is_leaf else leftover.get(edge) for t, edge in zip(self.outer, self.outer_edges)))
 
     def mismatch(self, what, ran):
         """Raise the determinism check's error (determinism.py)."""

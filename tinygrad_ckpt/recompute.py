@@ -1,14 +1,15 @@
 """The planned recompute (the default): run again only what backward needs, and stop early.
 
-What it adds to the plain path (checkpoint.py, which runs the whole
-segment again): early stop, PyTorch's (the recompute stops as soon as
-backward has everything it needs), and more: an op whose arrays exist
-already is not run but its record rebuilt, and an op whose result nothing
-needs is skipped. It is the default (`early_stop=True`), and a policy's
-kept ops (policies.py) are replayed through it. Cost: one note per op of
-the forward (a few small tuples, no arrays). It gives the plain path's
-gradients, to the bit (tests/test_equivalence.py).
-Tutorial 5 shows it at work. In three steps:
+A layer on the plain path (checkpoint.py, which runs the whole segment
+again): `choose` picks it once, as a segment is made, and its
+`PlannedRecompute` takes over the segment's forward tape and recompute. It
+adds early stop, PyTorch's (the recompute stops as soon as backward has
+everything it needs), and more: an op whose arrays exist already is not run
+but its record rebuilt, and an op whose result nothing needs is skipped. A
+policy's kept ops (policies.py) are replayed through it. Cost: one note per
+op of the forward (a few small tuples, no arrays). It gives the plain
+path's gradients, to the bit (tests/test_equivalence.py). Tutorial 5 shows
+it at work. In three steps:
 
   forward   the segment runs on a `SegmentTape`, which keeps nothing but a
             note per op (`OpNote`): where each input array came from (an
@@ -31,11 +32,6 @@ Tutorial 5 shows it at work. In three steps:
             are rebuilt from the notes. A segment that needs nothing run
             again is not called at all.
 
-So a block ending in a Linear does not run that Linear again (it saved its
-input and weight, which exist), and of JAX's checkpoint_dots example
-(tests/api_test.py, `test_remat_checkpoint_dots`: dot, sin, dot, sin, dot,
-sin with the dots saved) the recompute makes 2 calls of sin, not 3.
-
 Placeholders and what may read them: the code around a skipped op still
 runs, and could read the placeholder's values (`.item()`, a comparison)
 and feed them into an op that does run. Reading them through a Tensor raises
@@ -52,8 +48,7 @@ what a policy keeps (policies.py), the walk (tape.py).
 
 import weakref
 
-from . import backend, function, memory, tape
-from . import determinism
+from . import backend, determinism, function, memory, tape
 from .determinism import describe, saved_meta
 from .ops.flops import op_flops
 from .policies import RECOMPUTE, Stash, decide, resolve, where_in_call
@@ -118,11 +113,9 @@ class PlannedRecompute:
                 except StopRecompute:
                     pass
         with memory.phase("recompute"):  # the rebuilt records are part of the recompute
-            recompute_tape.finish(returned)
+            output_edges = recompute_tape.finish(returned)
         if returned and segment.checks:
             determinism.check_outputs(segment, outputs)
-        output_edges = recompute_tape.output_edges()
-        recompute_tape.close()
         return inputs, recompute_tape, output_edges
 
 
@@ -447,7 +440,9 @@ class RecomputeTape(tape.Tape):
 
     # -- after the code has run (or stopped) ----------------------------------------
     def finish(self, returned):
-        """Check that the code reached what it had to; rebuild the records after the stop."""
+        """Check that the code reached what it had to; rebuild the records after the stop. Returns the
+        gradient edge of each segment output that requires grad (its record here), and lets go of what
+        the records do not hold (they hold each other now, and point back at this tape)."""
         # Early stop checks only what comes before the stop: returning after it is no mismatch.
         if self.segment.checks and (self.position <= self.plan.stop or
                                        (returned and self.planned.full and self.position != len(self.notes))):
@@ -464,20 +459,14 @@ class RecomputeTape(tape.Tape):
             edges = [self.edge(o) if needs else (None, None) for needs, o in zip(note.needs_input_grad, note.inputs)]
             node = tape.Node.rebuilt(note.op, ctx, edges, note.input_meta, note.shapes, note.dtypes, note.node.hooks,
                                      getattr(note.node, "stack", None))
-            self.append_rebuilt(node, j)
+            tape.Tape.append(self, node)
+            self.by_position[j] = node
             # On the timeline as a record made (without shapes, so without FLOPs: nothing ran).
             memory.tracker.event(f"{note.name} (rebuilt)", kind="op", tape=self.number, record=node.index,
                                  saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
-        self.held, self.kept_outputs = {}, {}
-
-    def close(self):
-        """Once the output edges are taken: the records hold each other now (and point back at this tape)."""
-        self.by_position = self.held = self.kept_outputs = None
-        self.inputs = self.outer_arrays = self.stashed = None
-
-    def append_rebuilt(self, node, j):
-        tape.Tape.append(self, node)
-        self.by_position[j] = node
+        edges = [self.edge(origin) for (origin, _), r in zip(self.planned.out_origins, self.segment.recorded) if r]
+        self.by_position = self.held = self.kept_outputs = self.inputs = self.outer_arrays = self.stashed = None
+        return edges
 
     def edge(self, origin):
         """Where a gradient for a value of this origin goes, in the recompute."""
@@ -489,10 +478,6 @@ class RecomputeTape(tape.Tape):
             t = self.inputs[origin[1]]
             return (None, t if t.requires_grad else None)
         return self.segment.outer_edges[origin[1]]
-
-    def output_edges(self):
-        """The gradient edge of each segment output that requires grad (its record here)."""
-        return [self.edge(origin) for (origin, _), r in zip(self.planned.out_origins, self.segment.recorded) if r]
 
     # -- helpers -------------------------------------------------------------------
     def kept_output(self, j, k):
