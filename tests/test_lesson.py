@@ -78,12 +78,14 @@ def test_the_refinement_is_chosen_once_and_checkpoint_py_reads_as_the_plain_path
 def test_a_full_recompute_without_a_policy_is_the_plain_path_and_the_default_layers_the_planned_one():
     x = Tensor(numpy.ones((2, 3)), requires_grad=True)
 
-    def segment(**options):
-        return checkpoint._Segment(lambda t: t * t, (x,), {}, options.pop("policy", None),
-                                   checkpoint.check_options(**options))
+    def path(**options):
+        policy, options = options.pop("policy", None), checkpoint.check_options(**options)
+        segment = checkpoint._Segment(lambda t: t * t, (x,), {}, options)
+        return segment, recompute.choose(segment, policy, options)
 
-    plain = segment(early_stop=False)
-    assert plain.path is plain
-    for options in (dict(), dict(policy="save_matmuls"), dict(early_stop=False, policy="save_matmuls")):
-        planned = segment(**options).path
-        assert isinstance(planned, recompute.PlannedRecompute), options
+    segment, plain = path(early_stop=False)
+    assert plain is segment
+    for options in (dict(), dict(policy="save_matmuls"), dict(early_stop=False, policy="save_matmuls"),
+                    dict(early_stop=False, determinism_check="values", policy="save_matmuls")):
+        segment, planned = path(**options)
+        assert isinstance(planned, recompute.PlannedRecompute) and planned.segment is segment, options

@@ -140,14 +140,17 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
         raise TypeError(f"checkpoint: the first argument must be the function to run, got {type(function).__name__}")
     if tape.active() is None:
         return function(*args, **kwargs)  # no gradients wanted: nothing to keep
-    segment = _Segment(function, args, kwargs, policy, options)
+    segment = _Segment(function, args, kwargs, options)
+    # What runs it: the segment itself (the plain path), or, by default, the planned recompute layered on
+    # it (recompute.py). Chosen once, here.
+    path = recompute.choose(segment, policy, options)
     # 1. Run function keeping nothing; learn what it read and what it returned.
-    template, outputs = segment.forward()
+    template, outputs = segment.forward(path)
     # 2. One record, whose inputs are the tensor arguments and the outside tensors that need a gradient,
     #    and whose outputs are those the segment's ops made that need one.
     wanted = [o for o, r in zip(outputs, segment.recorded) if r]
     if wanted and (segment.outer or any(t.requires_grad for t in segment.inputs)):
-        recorded = iter(Checkpoint.apply(*segment.inputs, *segment.outer, segment=segment,
+        recorded = iter(Checkpoint.apply(*segment.inputs, *segment.outer, segment=segment, path=path,
                                          outputs=tuple(o.data for o in wanted)))
         segment.drop_forward_tensors()
     else:  # nothing to differentiate
@@ -275,13 +278,13 @@ class Checkpoint(Function):
     mixes_dtypes = True  # token ids and float parameters, float32 inputs and float64 weights: whatever fn reads
 
     @staticmethod
-    def forward(ctx, *arrays, segment, outputs):
+    def forward(ctx, *arrays, segment, path, outputs):
         # The segment has already run (checkpoint() ran it first, to learn what
         # it reads): keep its inputs, and what a policy kept; hand on its outputs.
         n = len(segment.inputs)
         computed = [a for a, t in zip(arrays[n:], segment.outer) if not t.is_leaf]
-        ctx.segment = segment
-        ctx.save_for_backward(*arrays[:n], *computed, *segment.path.kept_arrays())
+        ctx.segment, ctx.path = segment, path
+        ctx.save_for_backward(*arrays[:n], *computed, *path.kept_arrays())
         ctx.saved_versions = segment.versions(arrays)
         return tuple(outputs)
 
@@ -289,7 +292,7 @@ class Checkpoint(Function):
     def backward(ctx, *grads):
         segment = ctx.segment
         # 1. Recompute: run the segment again, on stand-ins for its inputs, on a short-lived tape of its own.
-        inputs, recompute_tape, output_edges = segment.path.recompute(ctx.saved_arrays)
+        inputs, recompute_tape, output_edges = ctx.path.recompute(ctx.saved_arrays)
         # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call
         #    (the stand-ins collect the gradients the call wants for the inputs).
         edges, grads = segment.gradients_in(ctx, output_edges, grads)
@@ -305,14 +308,13 @@ class _Segment:
     the arguments with their tensors taken out, and the outside tensors
     (parameters, which live anyway; for a computed one, its version counter).
     Its forward runs on a _ForwardTape, which keeps nothing; its recompute
-    runs the whole segment again on a fresh tape.
-
-    `path` is what runs the segment: the segment itself, or the planned
-    recompute layered on it (recompute.py), chosen once, here; each gives
-    the same gradients (tests/test_equivalence.py).
+    runs the whole segment again on a fresh tape. The planned recompute
+    (recompute.PlannedRecompute) takes those two over, and leaves the rest
+    to this; it holds the segment, never the reverse, so that a segment is
+    freed with its record.
     """
 
-    def __init__(self, fn, args, kwargs, policy, options):
+    def __init__(self, fn, args, kwargs, options):
         self.fn = fn
         self.name = getattr(fn, "name", None) or getattr(fn, "__qualname__", None) or type(fn).__name__
         self.args, self.kwargs = args, kwargs  # for the forward only (dropped after it)
@@ -321,18 +323,18 @@ class _Segment:
         self.determinism_check, self.debug = options["determinism_check"], options["debug"]
         self.checks = self.determinism_check != "none"
         self.generators = []  # (generator, its state before the segment's first draw)
-        self.path = recompute.choose(self, policy, options)
 
     def call(self, inputs):
         """fn again, with `inputs` in the places of the tensor arguments; the tensors it returns, in order."""
         args, kwargs = _unflatten(self.template, iter(inputs))
         return _flatten(self.fn(*args, **kwargs))[1]
 
-    def forward(self):
-        """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
+    def forward(self, path):
+        """Run fn once on path's forward tape, keeping nothing (except what a policy keeps);
+        (output structure, output tensors). path: this segment, or the refinement that runs it."""
         self.input_versions = [t._version for t in self.inputs]
         self.autocast = autocast.get_dtype()  # the recompute makes the same casts (autocast.py)
-        forward_tape = self.path.forward_tape()
+        forward_tape = path.forward_tape()
         with random.observing(self.preserve_rng_state) as self.generators, tape.recording(forward_tape):
             returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
         self.args = self.kwargs = None
@@ -343,7 +345,7 @@ class _Segment:
         forward_tape.learn(self, outputs)  # the outside tensors (and what the path keeps of the forward)
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
-        determinism.remember_outputs(self, outputs)
+        determinism.remember_outputs(path, outputs)
         return template, outputs
 
     def recompute(self, saved):
@@ -382,15 +384,12 @@ class _Segment:
             for g, state in callers:
                 g.bit_generator.state = state
 
-    # -- what a refinement takes over (recompute.PlannedRecompute) ---------------------
+    # -- the rest of what the planned recompute takes over --------------------------
     def forward_tape(self):
         return _ForwardTape(self)
 
     def kept_arrays(self):  # what the record saves beside the inputs: nothing more
         return ()
-
-    def op_names(self):  # the forward's ops, for the determinism check's message
-        return [name for name, _ in self.ops]
 
     # -- bookkeeping: the record's versions, stand-ins, the gradients in and out ------
     def drop_forward_tensors(self):
@@ -442,7 +441,7 @@ class _Segment:
 
     def mismatch(self, what, ran):
         """Raise the determinism check's error (determinism.py)."""
-        determinism.mismatch(self.name, what, self.path.op_names(), ran, self.debug)
+        determinism.mismatch(self.name, what, [name for name, _ in self.ops], ran, self.debug)
 
 
 class _ForwardTape(tape.Tape):

@@ -71,11 +71,13 @@ def choose(segment, policy, options):
 
 class PlannedRecompute:
     """The planned path of one segment: in place of the plain path's forward tape and recompute, it
-    notes the forward's ops and runs the recompute as far as the plan says. The segment
-    (checkpoint._Segment) still runs the code, holds its inputs and does the bookkeeping."""
+    notes the forward's ops and runs the recompute as far as the plan says; it remembers and checks the
+    outputs (determinism.py). The segment (checkpoint._Segment) still runs the code, holds its inputs
+    and does the bookkeeping."""
 
     def __init__(self, segment, policy, full):
         self.segment, self.name, self.full = segment, segment.name, full
+        self.determinism_check = segment.determinism_check
         self.stash = Stash(policy, segment.name) if policy is not None else None
         self.notes = self.out_origins = self.plan = None  # the forward's; the plan, at the first backward
 
@@ -85,8 +87,9 @@ class PlannedRecompute:
     def kept_arrays(self):
         return self.stash.hand_over() if self.stash is not None else ()
 
-    def op_names(self):
-        return [n.name for n in self.notes]
+    def mismatch(self, what, ran):
+        """Raise the determinism check's error (determinism.py)."""
+        determinism.mismatch(self.name, what, [n.name for n in self.notes], ran, self.segment.debug)
 
     def recompute(self, saved):
         """As the plain path's (checkpoint._Segment.recompute), but as far as the plan says, the rest rebuilt.
@@ -115,7 +118,7 @@ class PlannedRecompute:
         with memory.phase("recompute"):  # the rebuilt records are part of the recompute
             output_edges = recompute_tape.finish(returned)
         if returned and segment.checks:
-            determinism.check_outputs(segment, outputs)
+            determinism.check_outputs(self, outputs)
         return inputs, recompute_tape, output_edges
 
 
@@ -402,7 +405,7 @@ class RecomputeTape(tape.Tape):
         expected = self.notes[j].name if j < len(self.notes) else "nothing more"
         policy_kept = j < len(self.notes) and self.notes[j].kept is not None  # a replay needs the same op
         if expected != op.__name__ and (self.segment.checks or policy_kept):
-            self.segment.mismatch(f"ran {op.__name__} as op #{j}, where its forward ran {expected}", self.ran)
+            self.planned.mismatch(f"ran {op.__name__} as op #{j}, where its forward ran {expected}", self.ran)
         self.position += 1
         if expected != op.__name__ or j > self.plan.stop:  # determinism_check="none": run what the code runs
             return op.run_forward(ctx, arrays, options)
@@ -446,7 +449,7 @@ class RecomputeTape(tape.Tape):
         # Early stop checks only what comes before the stop: returning after it is no mismatch.
         if self.segment.checks and (self.position <= self.plan.stop or
                                        (returned and self.planned.full and self.position != len(self.notes))):
-            self.segment.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
+            self.planned.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
         for j in self.plan.rebuilt:
             note = self.notes[j]
             ctx = function.Context(note.name, note.needs_input_grad)
@@ -518,14 +521,14 @@ class RecomputeTape(tape.Tape):
     def _check_inputs(self, note, arrays):
         got = tuple((tuple(a.shape), a.dtype) for a in arrays)
         if got != note.input_meta:
-            self.segment.mismatch(
+            self.planned.mismatch(
                 f"ran {note.name} (op #{self.position - 1}) on inputs of {describe(got)}, where its forward "
                 f"ran it on {describe(note.input_meta)}", self.ran)
 
     def _check_saved(self, note, ctx):
         got = saved_meta(ctx.saved_arrays)
         if got != note.saved_meta:
-            self.segment.mismatch(
+            self.planned.mismatch(
                 f"ran {note.name} (op #{self.position - 1}), which saved {describe(got)} for backward, where its "
                 f"forward saved {describe(note.saved_meta)}", self.ran)
 
