@@ -236,11 +236,6 @@ class RecomputePlan:
         self.hold = hold  # {op index: {output index}}: values a record rebuilt after the stop needs
         self.rebuilt = rebuilt  # the ops after the stop whose records are rebuilt (their backward runs)
 
-    @property
-    def recomputed(self):
-        """How many ops the recompute runs."""
-        return sum(a == RUN for a in self.actions)
-
 
 def full_plan(notes):
     """Everything again, as a checkpoint without early stop does (what a policy kept is replayed)."""
