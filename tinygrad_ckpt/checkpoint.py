@@ -131,9 +131,9 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
     docstring). determinism_check: "default", "values" or "none"; debug:
     show the op sequences when the check fails. early_stop: stop the
     recompute once backward has what it needs, and skip what it does not
-    need (recompute.py; False: the plain path, everything again). policy:
-    see policies.py (None: keep nothing). Raises CheckpointError in backward
-    when the recompute does not match the forward.
+    need (recompute.py; False: everything again, by the plain path if there
+    is no policy). policy: see policies.py (None: keep nothing). Raises
+    CheckpointError in backward when the recompute does not match the forward.
     """
     options = check_options(use_reentrant, preserve_rng_state, determinism_check, debug, early_stop)
     if not callable(function):
