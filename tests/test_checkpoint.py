@@ -9,6 +9,9 @@ These tests run on NumPy and on the strict CuPy stand-in (conftest.py), so
 inputs and models are made on the default device.
 """
 
+import gc
+import weakref
+
 import numpy
 import pytest
 from hypothesis import example, given, settings
@@ -229,6 +232,27 @@ def test_saved_activations_are_only_the_inputs_and_recompute_is_freed():
         loss.backward()
     assert any(e["phase"] == "recompute" for e in events)
     assert memory.current()["activations"] == before
+
+
+@pytest.mark.parametrize("options", [dict(), dict(early_stop=False), dict(policy="save_matmuls")],
+                         ids=["planned", "plain", "policy"])
+def test_a_segment_goes_with_its_record_without_the_cycle_collector(options):
+    """Nothing a segment holds points back at it (the planned recompute holds the segment, never the
+    reverse), so what it holds (its input tensors) is freed as soon as its record is: memory figures
+    taken during backward depend on it."""
+    x = randn(4, 16)
+    w = Tensor(numpy.ones((16, 16)), requires_grad=True)
+    y = checkpoint(lambda v: (v @ w).tanh() * 2.0, x * 1.0, **options)
+    ctx = y._node.ctx
+    segment, path = weakref.ref(ctx.segment), weakref.ref(ctx.path)
+    del ctx
+    gc.disable()
+    try:
+        y.sum().backward()
+        del y
+        assert segment() is None and path() is None
+    finally:
+        gc.enable()
 
 
 def test_policy_keeps_results_as_saved_activations_of_the_record():

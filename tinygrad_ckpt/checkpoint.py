@@ -18,7 +18,7 @@ Cost"): normally every op of a segment keeps what its backward needs until
 backward reaches it; a checkpointed segment keeps only its inputs, and pays
 for it with at most one more forward of the segment. Tutorial 5 teaches it.
 
-The plain path, built only from tape primitives (tape.py, function.py):
+This file is the plain path, built only from tape primitives (tape.py, function.py):
 
   forward   `fn` runs on a `_ForwardTape`, which records nothing and keeps
             nothing, but learns which tensors from outside the segment need
@@ -31,16 +31,13 @@ The plain path, built only from tape primitives (tape.py, function.py):
             and backpropagates through that tape as part of the same
             backward call; the inputs' gradients go back to the outer tape.
 
-That path is taken for a full recompute without a policy
-(`early_stop=False`). The default adds refinements, each in a file of its
-own and each giving the same gradients (tests/test_equivalence.py):
-  * recompute.py: the forward notes every op; the recompute runs only what
-    backward needs, rebuilds the records whose arrays exist already, and
-    stops early (PyTorch's early stop);
-  * policies.py: ops a policy keeps are not run again (JAX's policies);
-  * determinism.py: the recompute must run the forward's ops
-    (`determinism_check`, PyTorch's name);
-  * saved-tensor hooks (function.py, autograd.py) pack what the record saves.
+Refinements are layered on it, each in a file of its own and each giving
+the same gradients (tests/test_equivalence.py): the planned recompute,
+recompute.py, chosen once where the segment is made (the default; a full
+recompute without a policy, `early_stop=False`, is the plain path itself):
+it runs again only what backward needs and stops early (PyTorch's early
+stop), and replays what a policy kept (policies.py); the determinism check
+(determinism.py); saved-tensor hooks (function.py, autograd.py).
 
 Takes: `fn`, and tensors anywhere in its arguments (inside tuples, lists,
 dicts; positional or keyword), beside values of any other kind; `fn` may
@@ -63,12 +60,10 @@ from contextlib import contextmanager
 
 import numpy
 
-from . import autocast, backend, determinism, function, memory, policies, random, tape
+from . import autocast, backend, determinism, function, memory, policies, random, recompute, tape
 from . import functional as F
 from .determinism import CHECKS, CheckpointError
 from .function import Function
-from .policies import Stash
-from .recompute import RecomputeTape, SegmentTape, StopRecompute, full_plan, make_plan
 from .schedules import segment_bounds
 from .tensor import Tensor
 
@@ -136,23 +131,26 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, det
     docstring). determinism_check: "default", "values" or "none"; debug:
     show the op sequences when the check fails. early_stop: stop the
     recompute once backward has what it needs, and skip what it does not
-    need (recompute.py; False: the plain path, everything again). policy:
-    see policies.py (None: keep nothing). Raises CheckpointError in backward
-    when the recompute does not match the forward.
+    need (recompute.py; False: everything again, by the plain path if there
+    is no policy). policy: see policies.py (None: keep nothing). Raises
+    CheckpointError in backward when the recompute does not match the forward.
     """
     options = check_options(use_reentrant, preserve_rng_state, determinism_check, debug, early_stop)
     if not callable(function):
         raise TypeError(f"checkpoint: the first argument must be the function to run, got {type(function).__name__}")
     if tape.active() is None:
         return function(*args, **kwargs)  # no gradients wanted: nothing to keep
-    segment = _Segment(function, args, kwargs, policy, options)
+    segment = _Segment(function, args, kwargs, options)
+    # What runs it: the segment itself (the plain path), or, by default, the planned recompute layered on
+    # it (recompute.py). Chosen once, here.
+    path = recompute.choose(segment, policy, options)
     # 1. Run function keeping nothing; learn what it read and what it returned.
-    template, outputs = segment.forward()
+    template, outputs = segment.forward(path)
     # 2. One record, whose inputs are the tensor arguments and the outside tensors that need a gradient,
     #    and whose outputs are those the segment's ops made that need one.
     wanted = [o for o, r in zip(outputs, segment.recorded) if r]
     if wanted and (segment.outer or any(t.requires_grad for t in segment.inputs)):
-        recorded = iter(Checkpoint.apply(*segment.inputs, *segment.outer, segment=segment,
+        recorded = iter(Checkpoint.apply(*segment.inputs, *segment.outer, segment=segment, path=path,
                                          outputs=tuple(o.data for o in wanted)))
         segment.drop_forward_tensors()
     else:  # nothing to differentiate
@@ -280,82 +278,63 @@ class Checkpoint(Function):
     mixes_dtypes = True  # token ids and float parameters, float32 inputs and float64 weights: whatever fn reads
 
     @staticmethod
-    def forward(ctx, *arrays, segment, outputs):
+    def forward(ctx, *arrays, segment, path, outputs):
         # The segment has already run (checkpoint() ran it first, to learn what
         # it reads): keep its inputs, and what a policy kept; hand on its outputs.
         n = len(segment.inputs)
         computed = [a for a, t in zip(arrays[n:], segment.outer) if not t.is_leaf]
-        ctx.segment = segment
-        ctx.save_for_backward(*arrays[:n], *computed, *segment.stash_arrays())
+        ctx.segment, ctx.path = segment, path
+        ctx.save_for_backward(*arrays[:n], *computed, *path.kept_arrays())
         ctx.saved_versions = segment.versions(arrays)
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
         segment = ctx.segment
-        inputs = segment.stand_ins(ctx.saved_arrays)
-        # 1. Run the segment again, on a short-lived tape of its own.
-        recompute_tape, output_edges = segment.recompute(inputs, ctx.saved_arrays)
-        # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call.
-        segment.watch_outputs_inside(ctx, output_edges)
-        pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
-        # The stand-ins collect the gradients of the inputs the backward call wants.
-        stand_ins = tape.current_task().wanted(inputs, segment.inputs)
-        leftover = recompute_tape.backward([e for e, _ in pairs], [g for _, g in pairs], own_leaves=stand_ins)
+        # 1. Recompute: run the segment again, on stand-ins for its inputs, on a short-lived tape of its own.
+        inputs, recompute_tape, output_edges = ctx.path.recompute(ctx.saved_arrays)
+        # 2. Backpropagate through it, from the outputs' gradients, as part of the same backward call
+        #    (the stand-ins collect the gradients the call wants for the inputs).
+        edges, grads = segment.gradients_in(ctx, output_edges, grads)
+        leftover = recompute_tape.backward(edges, grads, own_leaves=tape.current_task().wanted(inputs, segment.inputs))
         # 3. Hand the inputs' gradients on to the outer tape.
-        in_grads = []
-        for t in inputs:
-            g = t.grad.data if t.requires_grad and t.grad is not None else None
-            if g is not None:
-                memory.release(g, "gradients")  # it is handed on, not kept as a .grad
-            in_grads.append(g)
-        for t, edge in zip(segment.outer, segment.outer_edges):
-            # A parameter has had its gradient in the inner backward; a computed tensor's comes back here.
-            in_grads.append(None if t.is_leaf else leftover.get(edge))
-        return tuple(in_grads)
+        return segment.gradients_out(inputs, leftover)
 
 
 class _Segment:
-    """Everything a Checkpoint record needs to run its segment again.
+    """Everything a Checkpoint record needs to run its segment again: the plain path.
 
     It keeps no tensor arrays itself (the record's save_for_backward does):
-    the arguments with their tensors taken out, the outside tensors' version
-    counters, and the parameters (which live anyway).
-
-    Two paths. The plain one (a full recompute, no policy): the forward
-    runs on a _ForwardTape, which keeps nothing; the backward runs the whole
-    segment again on a fresh tape. The planned one (recompute.py, the
-    default: early stop, rebuilt and skipped records, a policy's kept ops):
-    the forward notes every op, and the recompute runs only what backward
-    needs. Both give the same gradients (tests/test_equivalence.py).
+    the arguments with their tensors taken out, and the outside tensors
+    (parameters, which live anyway; for a computed one, its version counter).
+    Its forward runs on a _ForwardTape, which keeps nothing; its recompute
+    runs the whole segment again on a fresh tape. The planned recompute
+    (recompute.PlannedRecompute) takes those two over, and leaves the rest
+    to this; it holds the segment, never the reverse, so that a segment is
+    freed with its record.
     """
 
-    def __init__(self, fn, args, kwargs, policy, options):
+    def __init__(self, fn, args, kwargs, options):
         self.fn = fn
         self.name = getattr(fn, "name", None) or getattr(fn, "__qualname__", None) or type(fn).__name__
         self.args, self.kwargs = args, kwargs  # for the forward only (dropped after it)
         self.template, self.inputs = _flatten((args, kwargs))  # the arguments, tensors taken out
         self.preserve_rng_state = options["preserve_rng_state"]
         self.determinism_check, self.debug = options["determinism_check"], options["debug"]
-        policy = policies.resolve(policy)
-        self.stash = Stash(policy, self.name) if policy is not None else None
-        # Recompute in full (no early stop, nothing skipped): asked for, or needed to compare values.
-        self.full = not options["early_stop"] or self.determinism_check != "default"
-        self.plain = self.full and policy is None  # a policy needs the planned path's notes, even in full
         self.checks = self.determinism_check != "none"
         self.generators = []  # (generator, its state before the segment's first draw)
-        self._plan = None
 
     def call(self, inputs):
-        """fn with `inputs` in the places of the tensor arguments."""
+        """fn again, with `inputs` in the places of the tensor arguments; the tensors it returns, in order."""
         args, kwargs = _unflatten(self.template, iter(inputs))
-        return self.fn(*args, **kwargs)
+        return _flatten(self.fn(*args, **kwargs))[1]
 
-    def forward(self):
-        """Run fn once, keeping nothing (except what a policy keeps); (output structure, output tensors)."""
+    def forward(self, path):
+        """Run fn once on path's forward tape, keeping nothing (except what a policy keeps);
+        (output structure, output tensors). path: this segment, or the refinement that runs it."""
         self.input_versions = [t._version for t in self.inputs]
         self.autocast = autocast.get_dtype()  # the recompute makes the same casts (autocast.py)
-        forward_tape = _ForwardTape(self) if self.plain else SegmentTape(self, self.inputs)
+        forward_tape = path.forward_tape()
         with random.observing(self.preserve_rng_state) as self.generators, tape.recording(forward_tape):
             returned = self.fn(*self.args, **self.kwargs)  # the caller's own arguments
         self.args = self.kwargs = None
@@ -363,31 +342,23 @@ class _Segment:
         # An output an op of the segment made (not an input or an outside tensor returned as it is).
         self.made_inside = [o._node is not None and o._node.tape is forward_tape for o in outputs]
         self.recorded = [o.requires_grad and inside for o, inside in zip(outputs, self.made_inside)]
-        forward_tape.learn(self, outputs)  # the outside tensors (and the planned path's notes)
+        forward_tape.learn(self, outputs)  # the outside tensors (and what the path keeps of the forward)
         self.outer_versions = [t._version for t in self.outer]
         self.outer_edges = [tape.get_gradient_edge(t) for t in self.outer]
-        # The parameters are held (they live anyway); a computed tensor from outside is not: the record saves its array.
-        self.params = [t if t.is_leaf else None for t in self.outer]
-        determinism.remember_outputs(self, outputs)
+        determinism.remember_outputs(path, outputs)
         return template, outputs
 
-    def drop_forward_tensors(self):
-        self.outer = [t if t.is_leaf else _ComputedOutside(t) for t in self.outer]  # no computed tensor from outside held
-
-    def recompute(self, inputs, saved):
-        """Run the segment's code again; (the tape it ran on, the gradient edges of its outputs that need one).
-
-        saved: the record's saved arrays (inputs, computed outside tensors, what a policy kept).
-        """
-        if not self.plain:
-            return self.recompute_planned(inputs, saved)
+    def recompute(self, saved):
+        """Run the segment's code again on a fresh tape: (the stand-ins for its inputs, the tape,
+        the gradient edges of its outputs that need one). saved: the record's saved arrays."""
+        inputs = self.stand_ins(saved)
         recompute_tape = determinism.CheckedTape(self) if self.checks else tape.Tape()
         with self.running_again(recompute_tape):
-            outputs = _flatten(self.call(inputs))[1]
+            outputs = self.call(inputs)
         if self.checks:
             recompute_tape.check_all_ran()
             determinism.check_outputs(self, outputs)
-        return recompute_tape, [tape.get_gradient_edge(o) for o, r in zip(outputs, self.recorded) if r]
+        return inputs, recompute_tape, [tape.get_gradient_edge(o) for o, r in zip(outputs, self.recorded) if r]
 
     @contextmanager
     def running_again(self, recompute_tape):
@@ -413,55 +384,17 @@ class _Segment:
             for g, state in callers:
                 g.bit_generator.state = state
 
-    # -- the planned path (recompute.py) ---------------------------------------------
-    def recompute_planned(self, inputs, saved):
-        """The recompute of the planned path: as far as the plan says, the rest rebuilt (recompute.py)."""
-        n, c = len(self.inputs), sum(not t.is_leaf for t in self.outer)
-        outer_arrays = self.outer_arrays(saved[n:n + c])
-        try:
-            recompute_tape = self.run_plan(self.plan(), inputs, outer_arrays, saved[n + c:])
-        except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
-            self.full = True
-            inputs[:] = self.stand_ins(saved)  # fresh stand-ins, in the caller's list: their .grad is read there
-            recompute_tape = self.run_plan(self.plan(), inputs, outer_arrays, saved[n + c:])
-        output_edges = recompute_tape.output_edges()
-        recompute_tape.close()
-        return recompute_tape, output_edges
+    # -- the rest of what the planned recompute takes over --------------------------
+    def forward_tape(self):
+        return _ForwardTape(self)
 
-    def plan(self):
-        """What the recompute runs (recompute.make_plan), made at the first backward."""
-        if self.full:
-            return full_plan(self.notes)
-        if self._plan is None:
-            self._plan = make_plan(self.notes, self.out_origins)
-        return self._plan
+    def kept_arrays(self):  # what the record saves beside the inputs: nothing more
+        return ()
 
-    def run_plan(self, plan, inputs, outer_arrays, stashed):
-        """Run the segment's code again on a RecomputeTape, as far as the plan says; the tape."""
-        recompute_tape = RecomputeTape(self, plan, inputs, outer_arrays, stashed)
-        returned, outputs = False, None
-        if plan.stop >= 0:
-            with self.running_again(recompute_tape):
-                try:
-                    outputs = self.call(inputs)
-                    returned = True
-                except StopRecompute:
-                    pass
-        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
-            recompute_tape.finish(returned)
-        if returned and self.checks:
-            determinism.check_outputs(self, _flatten(outputs)[1])
-        return recompute_tape
+    # -- bookkeeping: the record's versions, stand-ins, the gradients in and out ------
+    def drop_forward_tensors(self):
+        self.outer = [t if t.is_leaf else _ComputedOutside(t) for t in self.outer]  # no computed tensor from outside held
 
-    def outer_arrays(self, computed):
-        """Per outside tensor, its array: a parameter's own, a computed tensor's as the record saved it."""
-        computed = iter(computed)
-        return [p.data if p is not None else next(computed) for p in self.params]
-
-    def stash_arrays(self):
-        return self.stash.hand_over() if self.stash is not None else ()
-
-    # -- what the record checks, and asks --------------------------------------------
     def versions(self, arrays):
         """The record's saved_versions: every input and outside tensor, as the segment's forward found them.
 
@@ -481,25 +414,33 @@ class _Segment:
         return [Tensor(a, requires_grad=t.requires_grad, device=backend.device_of(a))
                 for t, a in zip(self.inputs, saved)]
 
-    def watch_outputs_inside(self, ctx, output_edges):
-        """The recompute's edges of the record's outputs that the backward call asks for, watched in their stead.
+    def gradients_in(self, ctx, output_edges, grads):
+        """(edges, arrays): where the outputs' gradients enter the recompute, for its backward.
 
         The record is one node for all the segment's outputs, so it has no edge
         from one output to another (y, z = checkpoint(fn, x) with z = 3 * y).
         Each of its outputs is a tensor of the recompute too, and there its
-        gradient has every path: the outer walk leaves it to this.
+        gradient has every path: the outer walk leaves a watched output's to this.
         """
         task = tape.current_task()
-        if task is None or not task.watched:
-            return
         for (node, i), t in list(task.watched.items()):
             if node is not None and node.ctx is ctx:
                 task.watched[output_edges[i]] = t
+        pairs = [(e, backend.as_array(g)) for e, g in zip(output_edges, grads) if e != (None, None)]
+        return [e for e, _ in pairs], [g for _, g in pairs]
+
+    def gradients_out(self, inputs, leftover):
+        """The record's gradients: the stand-ins' (handed on, not kept as a .grad), then per outside tensor,
+        a computed one's from `leftover` (a parameter has had its own in the recompute's walk)."""
+        grads = [t.grad.data if t.requires_grad and t.grad is not None else None for t in inputs]
+        for g in grads:
+            if g is not None:
+                memory.release(g, "gradients")
+        return (*grads, *(None if t.is_leaf else leftover.get(edge) for t, edge in zip(self.outer, self.outer_edges)))
 
     def mismatch(self, what, ran):
         """Raise the determinism check's error (determinism.py)."""
-        forward = [name for name, _ in self.ops] if self.plain else [n.name for n in self.notes]
-        determinism.mismatch(self.name, what, forward, ran, self.debug)
+        determinism.mismatch(self.name, what, [name for name, _ in self.ops], ran, self.debug)
 
 
 class _ForwardTape(tape.Tape):
@@ -539,7 +480,6 @@ class _ForwardTape(tape.Tape):
     def learn(self, segment, outputs):
         """After the forward: the outside tensors, and the ops for the determinism check, on the segment."""
         segment.outer, segment.ops = list(self.outer.values()), self.ops
-
 
 class _ComputedOutside:
     """What the record still needs of a computed tensor from outside once the forward is done:

@@ -1,14 +1,15 @@
 """The planned recompute (the default): run again only what backward needs, and stop early.
 
-What it adds to the plain path (checkpoint.py, which runs the whole
-segment again): early stop, PyTorch's (the recompute stops as soon as
-backward has everything it needs), and more: an op whose arrays exist
-already is not run but its record rebuilt, and an op whose result nothing
-needs is skipped. It is the default (`early_stop=True`), and a policy's
-kept ops (policies.py) are replayed through it. Cost: one note per op of
-the forward (a few small tuples, no arrays). It gives the plain path's
-gradients, to the bit (tests/test_equivalence.py).
-Tutorial 5 shows it at work. In three steps:
+A layer on the plain path (checkpoint.py, which runs the whole segment
+again): `choose` picks it once, as a segment is made, and its
+`PlannedRecompute` takes over the segment's forward tape and recompute. It
+adds early stop, PyTorch's (the recompute stops as soon as backward has
+everything it needs), and more: an op whose arrays exist already is not run
+but its record rebuilt, and an op whose result nothing needs is skipped. A
+policy's kept ops (policies.py) are replayed through it. Cost: one note per
+op of the forward (a few small tuples, no arrays). It gives the plain
+path's gradients, to the bit (tests/test_equivalence.py). Tutorial 5 shows
+it at work. In three steps:
 
   forward   the segment runs on a `SegmentTape`, which keeps nothing but a
             note per op (`OpNote`): where each input array came from (an
@@ -31,11 +32,6 @@ Tutorial 5 shows it at work. In three steps:
             are rebuilt from the notes. A segment that needs nothing run
             again is not called at all.
 
-So a block ending in a Linear does not run that Linear again (it saved its
-input and weight, which exist), and of JAX's checkpoint_dots example
-(tests/api_test.py, `test_remat_checkpoint_dots`: dot, sin, dot, sin, dot,
-sin with the dots saved) the recompute makes 2 calls of sin, not 3.
-
 Placeholders and what may read them: the code around a skipped op still
 runs, and could read the placeholder's values (`.item()`, a comparison)
 and feed them into an op that does run. Reading them through a Tensor raises
@@ -52,16 +48,78 @@ what a policy keeps (policies.py), the walk (tape.py).
 
 import weakref
 
-from . import backend, function, memory, tape
+from . import backend, determinism, function, memory, tape
 from .determinism import describe, saved_meta
 from .ops.flops import op_flops
-from .policies import RECOMPUTE, decide, where_in_call
+from .policies import RECOMPUTE, Stash, decide, resolve, where_in_call
 
 RUN, KEEP, REBUILD, SKIP = "run", "keep", "rebuild", "skip"
 
 
 class StopRecompute(BaseException):
     """Raised by the recompute tape at the stop. A BaseException, so that `except Exception` in a segment's code lets it pass."""
+
+
+def choose(segment, policy, options):
+    """What runs a checkpointed segment, chosen once as it is made: the segment itself (the plain path,
+    checkpoint.py) for a full recompute without a policy, else a PlannedRecompute layered on it."""
+    policy = resolve(policy)
+    # Recompute in full (no early stop, nothing skipped): asked for, or needed to compare values.
+    full = not options["early_stop"] or options["determinism_check"] != "default"
+    return segment if full and policy is None else PlannedRecompute(segment, policy, full)
+
+
+class PlannedRecompute:
+    """The planned path of one segment: in place of the plain path's forward tape and recompute, it
+    notes the forward's ops and runs the recompute as far as the plan says; it remembers and checks the
+    outputs (determinism.py). The segment (checkpoint._Segment) still runs the code, holds its inputs
+    and does the bookkeeping."""
+
+    def __init__(self, segment, policy, full):
+        self.segment, self.name, self.full = segment, segment.name, full
+        self.determinism_check = segment.determinism_check
+        self.stash = Stash(policy, segment.name) if policy is not None else None
+        self.notes = self.out_origins = self.plan = None  # the forward's; the plan, at the first backward
+
+    def forward_tape(self):
+        return SegmentTape(self, self.segment.inputs)
+
+    def kept_arrays(self):
+        return self.stash.hand_over() if self.stash is not None else ()
+
+    def mismatch(self, what, ran):
+        """Raise the determinism check's error (determinism.py)."""
+        determinism.mismatch(self.name, what, [n.name for n in self.notes], ran, self.segment.debug)
+
+    def recompute(self, saved):
+        """As the plain path's (checkpoint._Segment.recompute), but as far as the plan says, the rest rebuilt.
+
+        saved: the record's saved arrays (inputs, computed outside tensors, what a policy kept).
+        """
+        try:
+            return self.run_again(saved)
+        except tape.PlaceholderRead:  # its code read a value the plan skipped: recompute it in full
+            self.full, self.plan = True, None
+            return self.run_again(saved)
+
+    def run_again(self, saved):
+        segment = self.segment
+        if self.plan is None:
+            self.plan = full_plan(self.notes) if self.full else make_plan(self.notes, self.out_origins)
+        inputs = segment.stand_ins(saved)
+        recompute_tape = RecomputeTape(self, inputs, saved)
+        returned = False
+        if self.plan.stop >= 0:  # -1: nothing to run, the segment is not called at all
+            with segment.running_again(recompute_tape):
+                try:
+                    outputs, returned = segment.call(inputs), True
+                except StopRecompute:
+                    pass
+        with memory.phase("recompute"):  # the rebuilt records are part of the recompute
+            output_edges = recompute_tape.finish(returned)
+        if returned and segment.checks:
+            determinism.check_outputs(self, outputs)
+        return inputs, recompute_tape, output_edges
 
 
 # -- the forward: one note per op ------------------------------------------------------
@@ -104,10 +162,10 @@ class SegmentTape(tape.Tape):
     the code reads from its closure), and lets the record go at once.
     """
 
-    def __init__(self, segment, inputs):
+    def __init__(self, planned, inputs):
         super().__init__()
-        self.segment = segment
-        self.label = f"the forward of checkpoint segment '{segment.name}'"
+        self.planned = planned  # a PlannedRecompute: its policy's stash; the notes are left on it
+        self.label = f"the forward of checkpoint segment '{planned.name}'"
         self.notes = []
         self.input_arrays = [t.data for t in inputs]
         self.input_ids = {id(t) for t in inputs}
@@ -125,7 +183,7 @@ class SegmentTape(tape.Tape):
         return None
 
     def run(self, op, ctx, arrays, options):
-        stash = self.segment.stash
+        stash = self.planned.stash
         nested = getattr(op, "is_checkpoint", False)
         decision = RECOMPUTE if stash is None or nested else decide(stash.policy, op.__name__)
         ctx.counted = False  # noted, not kept: nothing here is counted as saved
@@ -152,13 +210,12 @@ class SegmentTape(tape.Tape):
         node.release_graph()  # keep no graph: the segment's intermediates are freed as under no_grad
 
     def learn(self, segment, outputs):
-        """After the forward: the notes, where each output came from, and the outside tensors, on the segment.
-
-        Then it lets go of everything else (the records point back at this tape).
+        """After the forward: the outside tensors on the segment; the notes, and where each output came
+        from, on the planned recompute. Then it lets go of everything else (the records point back at this tape).
         """
-        segment.out_origins = [(self.origin_of_output(o), o.requires_grad) for o in outputs]
-        segment.notes, segment.outer = self.notes, list(self.outer.values())
-        self.produced = self.outer = self.input_arrays = self.input_ids = self.notes = self.segment = None
+        self.planned.out_origins = [(self.origin_of_output(o), o.requires_grad) for o in outputs]
+        self.planned.notes, segment.outer = self.notes, list(self.outer.values())
+        self.produced = self.outer = self.input_arrays = self.input_ids = self.notes = self.planned = None
 
     def origin_of_output(self, t):
         """Where a segment output came from; a tensor from outside that needs a gradient is one of its inputs."""
@@ -177,11 +234,6 @@ class RecomputePlan:
         self.stop = stop  # the last op the recompute reaches (-1: the segment is not called at all)
         self.hold = hold  # {op index: {output index}}: values a record rebuilt after the stop needs
         self.rebuilt = rebuilt  # the ops after the stop whose records are rebuilt (their backward runs)
-
-    @property
-    def recomputed(self):
-        """How many ops the recompute runs."""
-        return sum(a == RUN for a in self.actions)
 
 
 def full_plan(notes):
@@ -285,7 +337,7 @@ def recompute_shares(fn, x):
     """
     traced = _Traced()
     inputs = x if isinstance(x, tuple) else (x,)
-    forward_tape = SegmentTape(traced, list(inputs))
+    forward_tape = SegmentTape(traced, list(inputs))  # the trace plays both the segment and its planned recompute
     with tape.recording(forward_tape):
         out = fn(*inputs)
     forward_tape.learn(traced, list(out) if isinstance(out, tuple) else [out])
@@ -301,7 +353,7 @@ def recompute_shares(fn, x):
 
 
 class _Traced:
-    """The little a SegmentTape asks of its segment, for a trace that is no checkpoint."""
+    """The little a SegmentTape asks of its segment and planned recompute, for a trace that is no checkpoint."""
 
     name, stash = "a layer being measured", None
 
@@ -323,13 +375,16 @@ class RecomputeTape(tape.Tape):
 
     replays_hooks = True
 
-    def __init__(self, segment, plan, inputs, outer_arrays, stashed):
+    def __init__(self, planned, inputs, saved):
         super().__init__()
-        self.segment, self.notes, self.plan = segment, segment.notes, plan
-        self.label = f"the recompute of checkpoint segment '{segment.name}'"
+        segment = self.segment = planned.segment
+        self.planned, self.notes, self.plan = planned, planned.notes, planned.plan
+        self.label = f"the recompute of checkpoint segment '{planned.name}'"
         self.inputs = inputs  # the stand-ins for the segment's inputs
-        self.outer_arrays = outer_arrays  # per tensor from outside: its array
-        self.stashed = stashed  # what a policy kept, from the record's saved arrays
+        # The record's saved arrays: the inputs, the computed tensors from outside, what a policy kept.
+        n, computed = len(inputs), iter(saved[len(inputs):])
+        self.outer_arrays = [t.data if t.is_leaf else next(computed) for t in segment.outer]  # per outside tensor
+        self.stashed = saved[n + sum(not t.is_leaf for t in segment.outer):]
         self.position = 0
         self.by_position = {}  # op index -> its record here (held until the rebuilt records point at them)
         self.held = {}  # (op index, output index) -> array a record rebuilt after the stop needs
@@ -339,12 +394,12 @@ class RecomputeTape(tape.Tape):
     def run(self, op, ctx, arrays, options):
         j = self.position
         self.ran.append(op.__name__)
-        if j > self.plan.stop and not self.segment.full:
+        if j > self.plan.stop and not self.planned.full:
             raise StopRecompute  # every op that must be run again has been: what follows is neither run nor checked
         expected = self.notes[j].name if j < len(self.notes) else "nothing more"
         policy_kept = j < len(self.notes) and self.notes[j].kept is not None  # a replay needs the same op
         if expected != op.__name__ and (self.segment.checks or policy_kept):
-            self.segment.mismatch(f"ran {op.__name__} as op #{j}, where its forward ran {expected}", self.ran)
+            self.planned.mismatch(f"ran {op.__name__} as op #{j}, where its forward ran {expected}", self.ran)
         self.position += 1
         if expected != op.__name__ or j > self.plan.stop:  # determinism_check="none": run what the code runs
             return op.run_forward(ctx, arrays, options)
@@ -382,11 +437,13 @@ class RecomputeTape(tape.Tape):
 
     # -- after the code has run (or stopped) ----------------------------------------
     def finish(self, returned):
-        """Check that the code reached what it had to; rebuild the records after the stop."""
+        """Check that the code reached what it had to; rebuild the records after the stop. Returns the
+        gradient edge of each segment output that requires grad (its record here), and lets go of what
+        the records do not hold (they hold each other now, and point back at this tape)."""
         # Early stop checks only what comes before the stop: returning after it is no mismatch.
         if self.segment.checks and (self.position <= self.plan.stop or
-                                       (returned and self.segment.full and self.position != len(self.notes))):
-            self.segment.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
+                                       (returned and self.planned.full and self.position != len(self.notes))):
+            self.planned.mismatch(f"ran {self.position} ops, where its forward ran {len(self.notes)}", self.ran)
         for j in self.plan.rebuilt:
             note = self.notes[j]
             ctx = function.Context(note.name, note.needs_input_grad)
@@ -399,20 +456,14 @@ class RecomputeTape(tape.Tape):
             edges = [self.edge(o) if needs else (None, None) for needs, o in zip(note.needs_input_grad, note.inputs)]
             node = tape.Node.rebuilt(note.op, ctx, edges, note.input_meta, note.shapes, note.dtypes, note.node.hooks,
                                      getattr(note.node, "stack", None))
-            self.append_rebuilt(node, j)
+            tape.Tape.append(self, node)
+            self.by_position[j] = node
             # On the timeline as a record made (without shapes, so without FLOPs: nothing ran).
             memory.tracker.event(f"{note.name} (rebuilt)", kind="op", tape=self.number, record=node.index,
                                  saved=node.activation_nbytes, saved_parameters=node.saved_parameters)
-        self.held, self.kept_outputs = {}, {}
-
-    def close(self):
-        """Once the output edges are taken: the records hold each other now (and point back at this tape)."""
-        self.by_position = self.held = self.kept_outputs = None
-        self.inputs = self.outer_arrays = self.stashed = None
-
-    def append_rebuilt(self, node, j):
-        tape.Tape.append(self, node)
-        self.by_position[j] = node
+        edges = [self.edge(origin) for (origin, _), r in zip(self.planned.out_origins, self.segment.recorded) if r]
+        self.by_position = self.held = self.kept_outputs = self.inputs = self.outer_arrays = self.stashed = None
+        return edges
 
     def edge(self, origin):
         """Where a gradient for a value of this origin goes, in the recompute."""
@@ -424,10 +475,6 @@ class RecomputeTape(tape.Tape):
             t = self.inputs[origin[1]]
             return (None, t if t.requires_grad else None)
         return self.segment.outer_edges[origin[1]]
-
-    def output_edges(self):
-        """The gradient edge of each segment output that requires grad (its record here)."""
-        return [self.edge(origin) for (origin, _), r in zip(self.segment.out_origins, self.segment.recorded) if r]
 
     # -- helpers -------------------------------------------------------------------
     def kept_output(self, j, k):
@@ -468,14 +515,14 @@ class RecomputeTape(tape.Tape):
     def _check_inputs(self, note, arrays):
         got = tuple((tuple(a.shape), a.dtype) for a in arrays)
         if got != note.input_meta:
-            self.segment.mismatch(
+            self.planned.mismatch(
                 f"ran {note.name} (op #{self.position - 1}) on inputs of {describe(got)}, where its forward "
                 f"ran it on {describe(note.input_meta)}", self.ran)
 
     def _check_saved(self, note, ctx):
         got = saved_meta(ctx.saved_arrays)
         if got != note.saved_meta:
-            self.segment.mismatch(
+            self.planned.mismatch(
                 f"ran {note.name} (op #{self.position - 1}), which saved {describe(got)} for backward, where its "
                 f"forward saved {describe(note.saved_meta)}", self.ran)
 
