@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tools import lab_contract
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tinygrad_ckpt"
 
@@ -44,7 +46,7 @@ def test_the_engine_cycle_stays_inside_functions(name):
     assert not module_level, f"{name} imports tensor at module level (line {module_level[0].lineno}): import it inside the function that needs it"
 
 
-LAB = ("bench", "fit", "activations", "meta", "testing", "cli", "__main__")
+LAB = lab_contract.LAB
 
 
 def _lab_imports(path):
@@ -86,84 +88,7 @@ def test_the_lesson_never_imports_the_lab():
     assert not reaching, f"the lesson imports the lab (the lab imports the lesson, never the reverse): {reaching}"
 
 
-# -- the lab watches the lesson through its public names alone ---------------------
-def _is_private(name):
-    return name.startswith("_") and not name.startswith("__")
-
-
-def _module_parts(path):
-    return list(path.relative_to(PACKAGE).with_suffix("").parts)
-
-
-def _in_lab(path):
-    return _module_parts(path)[0] in LAB
-
-
-def _lesson_private_names():
-    """Every `_name` the lesson defines: its private functions, classes and globals, and the attributes it sets."""
-    names = set()
-    for path in PACKAGE.rglob("*.py"):
-        if not _in_lab(path):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                    names.add(node.name)
-                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                    names.add(node.id)
-                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-                    names.add(node.attr)
-    return {n for n in names if _is_private(n)}
-
-
-def _root(node):
-    """The name an attribute chain starts from (`memory` in memory.tracker._update_peak), or None."""
-    while isinstance(node, ast.Attribute):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
-def _private_uses(path, source, private):
-    """(line, what) for each lesson `_name` a lab module reaches: imported, read or set on a lesson
-    module or object, read on any object (a Tensor's `_node`) unless the module defines that name itself,
-    or overridden or set by a class that extends a lesson class (a private method of MemoryTracker)."""
-    tree, package = ast.parse(source), _module_parts(path)[:-1]
-    lesson, own, found = set(), set(), []  # names the imports bind to lesson modules and objects; own _names
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tinygrad_ckpt")):
-            target = ((package[:len(package) - node.level + 1] if node.level else [])
-                      + (node.module.split(".")[0 if node.level else 1:] if node.module else []))
-            for a in node.names:
-                if (target[0] if target else a.name) not in LAB:
-                    lesson.add(a.asname or a.name)
-                    if _is_private(a.name):
-                        found.append((node.lineno, f"imports {a.name}"))
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            own.add(node.name)
-        elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store):
-            own.add(node.id if isinstance(node, ast.Name) else node.attr)
-    extending = set()  # the nodes inside classes that extend a lesson class
-    for cls in ast.walk(tree):
-        if isinstance(cls, ast.ClassDef) and any(_root(b) in lesson for b in cls.bases):
-            for node in ast.walk(cls):
-                extending.add(node)
-                if isinstance(node, ast.FunctionDef) and node.name in private:
-                    found.append((node.lineno, f"{cls.name} overrides {node.name}"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr") \
-                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
-            obj, attr = node.args[0], node.args[1].value
-        elif isinstance(node, ast.Attribute):
-            obj, attr = node.value, node.attr
-        else:
-            continue
-        if not isinstance(attr, str) or not _is_private(attr):
-            continue
-        root = _root(obj)
-        if (root in lesson or (root in ("self", "cls") and node in extending and attr in private)
-                or (root not in ("self", "cls") and attr in private and attr not in own)):
-            found.append((node.lineno, f"uses {ast.unparse(obj)}.{attr}"))
-    return sorted(set(found))
-
-
+# -- the lab watches the lesson through its public names alone (tools/lab_contract.py) -------
 def test_private_uses_finds_each_way_in():
     probe = PACKAGE / "bench" / "probe.py"  # only its place matters: the source is given
     source = ("from ..memory import MemoryTracker, _Buffer\nfrom .. import memory\nfrom ..ops import flops\n"
@@ -172,20 +97,20 @@ def test_private_uses_finds_each_way_in():
               "def f(t, o):\n    flops._size((2,))\n    memory.tracker._freed\n    t._node\n"
               "    getattr(t, '_version_counter')\n    o._own\n    o.__class__\n"
               "class Own:\n    def __init__(self):\n        self._own = 1\n")
-    found = _private_uses(probe, source, {"_Buffer", "_update_peak", "_made", "_size", "_node",
+    found = lab_contract.private_uses(probe, source, {"_Buffer", "_update_peak", "_made", "_size", "_node",
                                           "_version_counter", "_freed"})
     assert found == [(1, "imports _Buffer"), (5, "R overrides _update_peak"), (6, "uses self._made"),
                      (9, "uses flops._size"), (10, "uses memory.tracker._freed"), (11, "uses t._node"),
                      (12, "uses t._version_counter")]
 
 
-LAB_FILES = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if _in_lab(p))
+LAB_FILES = [str(p.relative_to(PACKAGE)) for p in lab_contract.lab_files()]
 
 
 @pytest.mark.parametrize("name", LAB_FILES)
 def test_the_lab_reaches_no_private_name_of_the_lesson(name):
     """The lab watches the engine through observe.py and public names, never a lesson `_name`."""
     path = PACKAGE / name
-    found = _private_uses(path, path.read_text(encoding="utf-8"), _lesson_private_names())
+    found = lab_contract.private_uses(path, path.read_text(encoding="utf-8"), lab_contract.lesson_private_names())
     assert not found, f"{name} reaches private names of the lesson (watch through observe.py's Observer, or " \
                       f"give the lesson a public name for it): {found}"
