@@ -34,6 +34,7 @@ reduce-scatter sends) and the all-gather. The formula
 is written here from the layout, not taken from the benchmark.
 """
 
+import gc
 import importlib.util
 from pathlib import Path
 
@@ -59,11 +60,13 @@ _spec.loader.exec_module(zero_bench)
 
 def one_process():
     """(Psi, the gradients, activations and other bytes at the peak of one process with the same micro-batches)."""
+    gc.collect()
+    before = memory.current()  # what earlier tests in this process left alive
     ids = numpy.random.default_rng(1).integers(0, MODEL["vocab_size"], size=64 * MODEL["block_size"] + 1)
     model = GPT(GPTConfig(dropout=0.0, **MODEL), rng=numpy.random.default_rng(0), dtype=numpy.float32)
     trainer = Trainer(model, TrainingArguments(**TRAINING), CharDataset(ids, block_size=MODEL["block_size"]))
     trainer.train()
-    _, by = memory.peak()
+    by = {c: b - before[c] for c, b in memory.peak()[1].items()}
     P = sum(p.data.size for p in trainer.optimizer.params)
     assert (by["parameters"], by["accumulation"], by["optimizer"]) == (4 * P, 4 * P, 8 * P)  # stage 0, N = 1
     return P, {c: by[c] for c in ("gradients", "activations", "other")}
