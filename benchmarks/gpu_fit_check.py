@@ -1,6 +1,6 @@
 """Does `tinygrad-ckpt fit` hold on a GPU? Predicted against measured memory, GPT-2-small-sized steps on CuPy.
 
-For each strategy of fit.py's table (no checkpointing, every block, half
+For each strategy of fit's table (no checkpointing, every block, half
 blocks, sqrt(n), the selective policy, and the planner's plan for this GPU),
 one Trainer step of a GPT of GPT-2 small's size is run on the GPU after a
 warm-up step, and compared with the same step run on the meta device

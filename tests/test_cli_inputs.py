@@ -78,7 +78,7 @@ def test_a_plan_s_text_writes_each_run_of_alike_segments_once(runs):
     for size, count, how in runs:
         segments += [(start + k * size, start + (k + 1) * size, how) for k in range(count)]
         start += size * count
-    text = fit._plan_text(segments, start)
+    text = fit.table._plan_text(segments, start)
     if segments == every_block(start):
         assert text.startswith(f"every block checkpointed, each of the {start}")
         return

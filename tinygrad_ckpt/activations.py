@@ -28,7 +28,7 @@ prints them beside its measurements.
 
 What does not live here: measuring (memory.py, saved.py), the cost model a
 checkpoint planner uses for measured layers (schedules.py), the rest of a
-training step's memory (fit.py, which runs the step on the meta device).
+training step's memory (fit/, which runs the step on the meta device).
 """
 
 from .schedules import LayerCost, walk  # the one cost model: formulas in, bytes out

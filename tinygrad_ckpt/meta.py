@@ -23,7 +23,7 @@ CuPy stand-in is:
     Traceback (most recent call last):
     tinygrad_ckpt.backend.NeedsValues: .item(): a meta tensor has no values; ...
 
-`count.peak` is the highest live bytes; fit.py's `estimate_step` runs a
+`count.peak` is the highest live bytes; fit's `estimate_step` runs a
 whole Trainer step this way.
 
 Every array the engine makes passes through this module (an op's scratch
@@ -72,7 +72,7 @@ bound) or "cpu" (NumPy: some ops work in pieces, and a host array brought
 over is the device's own, counted from then on for as long as it lives).
 
 What does not live here: the accounting by category (memory.py), the
-questions asked of a step (fit.py).
+questions asked of a step (fit/).
 """
 
 import builtins
@@ -109,19 +109,17 @@ def _needs_values(what, array=None):
 
 # -- the count of live bytes -------------------------------------------------------
 class Count:
-    """Live bytes of meta arrays, their highest point, and (if asked) the live bytes after every allocation
-    and its size."""
+    """Live bytes of meta arrays, their highest point, and (if asked) the live bytes after every allocation."""
 
     def __init__(self, points=False):
         self.live = 0  # bytes
         self.peak = 0
         self.points = _array.array("q") if points else None
-        self.sizes = _array.array("q") if points else None
 
     def reset_peak(self):
         self.peak = self.live
         if self.points is not None:
-            self.points, self.sizes = _array.array("q"), _array.array("q")
+            self.points = _array.array("q")
 
 
 count = Count()
@@ -131,7 +129,7 @@ count = Count()
 def counting(points=False, stands_in_for=None):
     """A fresh Count for the meta arrays made inside (arrays made before are not in it).
 
-    points: keep the live bytes after every allocation and its size (Count.points, Count.sizes).
+    points: keep the live bytes after every allocation (Count.points).
     stands_in_for: "cuda" or "cpu" for the meta device inside (see `like`).
     """
     global count, like
@@ -145,20 +143,21 @@ def counting(points=False, stands_in_for=None):
 
 
 # -- the array -------------------------------------------------------------------------
-def _contiguous(shape, itemsize):
-    """The strides of a new (C-contiguous) array; asked again and again, so kept."""
-    key = (shape, itemsize)
-    strides = _CONTIGUOUS.get(key)
-    if strides is None:
-        strides, step = [], itemsize
+def _contiguous(shape, dtype):
+    """The bytes and the strides of a new (C-contiguous) array; asked again and again, so kept."""
+    key = (shape, dtype)
+    answer = _CONTIGUOUS.get(key)
+    if answer is None:
+        strides, step = [], dtype.itemsize
         for n in reversed(shape):
             strides.append(step)
             step *= builtins.max(n, 1)
-        strides = _CONTIGUOUS[key] = tuple(reversed(strides))
-    return strides
+        answer = _CONTIGUOUS[key] = math.prod(shape) * dtype.itemsize, tuple(reversed(strides))
+    return answer
 
 
 _CONTIGUOUS = {}
+_VIEWS = {}  # (shape, strides, dtype, the view asked) -> the view's (shape, strides), None: a copy (ndarray._view)
 
 
 class ndarray(backend.ReadsRefused):
@@ -169,25 +168,26 @@ class ndarray(backend.ReadsRefused):
     __hash__ = None
 
     def __init__(self, shape, dtype, strides=None, base=None):
-        self._count = None
-        self.shape = shape if type(shape) is tuple else tuple(int(n) for n in shape)
-        self.dtype = dtype if type(dtype) is numpy.dtype else numpy.dtype(dtype)  # noqa: E721 (exactly a dtype)
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        shape = self.shape = shape if type(shape) is tuple else tuple(int(n) for n in shape)
+        dtype = self.dtype = dtype if isinstance(dtype, numpy.dtype) else numpy.dtype(dtype)
+        nbytes, contiguous = _contiguous(shape, dtype)
+        self.nbytes = nbytes
         if strides is None:
-            self.strides, self.contiguous = _contiguous(self.shape, self.dtype.itemsize), True
+            self.strides, self.contiguous = contiguous, True
         else:
-            self.strides = tuple(strides)
-            self.contiguous = all(s == c or n == 1 for s, c, n in
-                                  zip(self.strides, _contiguous(self.shape, self.dtype.itemsize), self.shape))
+            self.strides = strides = tuple(strides)
+            self.contiguous = strides == contiguous or all(
+                s == c or n == 1 for s, c, n in zip(strides, contiguous, shape))
         self.base = base
         if base is None:  # new memory: counted until the array is freed
             self._count = count
-            count.live += self.nbytes
+            count.live += nbytes
             if count.live > count.peak:
                 count.peak = count.live
             if count.points is not None:
                 count.points.append(count.live)
-                count.sizes.append(self.nbytes)
+        else:
+            self._count = None
 
     def __del__(self):
         if self._count is not None:
@@ -231,31 +231,45 @@ class ndarray(backend.ReadsRefused):
         reshapes may be asked of it (they never read), nothing else."""
         return as_strided(numpy.zeros(1, self.dtype), self.shape, self.strides, writeable=False)
 
-    def _view(self, layout):
-        return ndarray(layout.shape, self.dtype, layout.strides, self.base if self.base is not None else self)
+    def _view(self, asked, ask):
+        """The view NumPy makes: ask(a NumPy array of this layout, _layout). A step asks the same few views
+        again and again, so each answer is kept by layout and question (`asked`, hashable); None, kept too,
+        where NumPy would copy (a reshape it cannot make a view of raises ValueError)."""
+        key = (self.shape, self.strides, self.dtype, asked)
+        layout = _VIEWS.get(key, _VIEWS)
+        if layout is _VIEWS:
+            try:
+                view = ask(self._layout())
+                layout = _VIEWS[key] = (view.shape, view.strides)
+            except ValueError:
+                if asked[0] != "reshape":
+                    raise
+                layout = _VIEWS[key] = None
+        if layout is None:
+            return None
+        return ndarray(layout[0], self.dtype, layout[1], self.base if self.base is not None else self)
 
     def reshape(self, *shape, order="C"):
         shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], numbers.Integral) else shape
         shape = _resolve_shape(tuple(int(n) for n in shape), self.size)
-        try:
-            return self._view(self._layout().reshape(shape, order=order, copy=False))
-        except ValueError:  # NumPy would copy
-            return ndarray(shape, self.dtype)
+        view = self._view(("reshape", shape, order), lambda a: a.reshape(shape, order=order, copy=False))
+        return ndarray(shape, self.dtype) if view is None else view  # None: NumPy would copy
 
     def transpose(self, *axes):
         if len(axes) == 1 and not isinstance(axes[0], numbers.Integral):
             axes = axes[0]
-        return self._view(self._layout().transpose(None if axes is None or len(axes) == 0 else tuple(axes)))
+        axes = None if axes is None or len(axes) == 0 else tuple(axes)
+        return self._view(("transpose", axes), lambda a: a.transpose(axes))
 
     def swapaxes(self, axis1, axis2):
-        return self._view(self._layout().swapaxes(axis1, axis2))
+        return self._view(("swapaxes", axis1, axis2), lambda a: a.swapaxes(axis1, axis2))
 
     def squeeze(self, axis=None):
-        return self._view(self._layout().squeeze(axis))
+        return self._view(("squeeze", axis), lambda a: a.squeeze(axis))
 
     def __getitem__(self, index):
-        if _is_basic(index):
-            return self._view(self._layout()[index])
+        if _is_basic(index):  # ints, slices, None, Ellipsis: its repr names it (slices are not hashable)
+            return self._view(("getitem", repr(index)), lambda a: a[index])
         return ndarray(_advanced_shape(self.shape, index), self.dtype)
 
     def __setitem__(self, index, value):
@@ -354,6 +368,8 @@ def _is_operand(x):
 
 def _operand_dtype(x):
     """What NumPy's promotion sees: an array's dtype, a NumPy scalar's, or a Python number's type (weak)."""
+    if type(x) is float or type(x) is int:  # the common case, before the slower isinstance checks
+        return type(x)
     if isinstance(x, ndarray):
         return x.dtype
     if isinstance(x, numpy.generic):
@@ -372,17 +388,20 @@ def _shape(x):
     return x.shape if isinstance(x, ndarray) else ()
 
 
-_RESOLVED = {}  # (ufunc, input dtypes) -> the result's dtype, asked of NumPy once
+# (ufunc, each input's (shape, dtype), or a scalar's dtype) -> the result's shape and dtype, asked of NumPy
+# once: a step runs the same few thousand calls again and again.
+_UFUNCS = {}
 
 
 def _ufunc(ufunc, *inputs, out=None):
     """Run `ufunc` on shapes: NumPy's broadcasting, NumPy's dtype, a new array in NumPy's order (or `out`)."""
-    shapes = [x.shape for x in inputs if type(x) is ndarray]
-    shape = shapes[0] if shapes and all(s == shapes[0] for s in shapes) else _broadcast(*map(_shape, inputs))
-    key = (ufunc,) + tuple(_operand_dtype(x) for x in inputs)
-    result = _RESOLVED.get(key)
-    if result is None:
-        result = _RESOLVED[key] = ufunc.resolve_dtypes(key[1:] + (None,))[-1]
+    key = (ufunc,) + tuple((x.shape, x.dtype) if type(x) is ndarray else _operand_dtype(x) for x in inputs)
+    answer = _UFUNCS.get(key)
+    if answer is None:
+        shape = _broadcast(*map(_shape, inputs))
+        dtypes = tuple(x[1] if type(x) is tuple else x for x in key[1:])
+        answer = _UFUNCS[key] = shape, ufunc.resolve_dtypes(dtypes + (None,))[-1]
+    shape, result = answer
     if out is not None:
         if type(out) is not ndarray:
             raise TypeError("out= must be a meta array")
@@ -399,15 +418,22 @@ def _broadcast(*shapes):
         raise ValueError(f"operands could not be broadcast together with shapes {' '.join(map(str, shapes))}") from None
 
 
+_FITS = set()  # (shape, target shape, target dtype, value dtype) that _check_fits has let through
+
+
 def _check_fits(value, target, target_dtype, what, value_dtype=None):
     """value (an array, a number, or a shape) broadcasts to `target` and casts to its dtype as NumPy allows."""
     shape = value if isinstance(value, tuple) else _shape(value)
-    if shape != target and _broadcast(shape, target) != tuple(target):
-        raise ValueError(f"{what}: shape {shape} does not broadcast to {tuple(target)}")
     source = value_dtype if value_dtype is not None else (
         value.dtype if isinstance(value, (ndarray, numpy.generic)) else None)
+    key = (shape, tuple(target), target_dtype, source)
+    if key in _FITS:
+        return
+    if shape != target and _broadcast(shape, target) != tuple(target):
+        raise ValueError(f"{what}: shape {shape} does not broadcast to {tuple(target)}")
     if source is not None and not numpy.can_cast(source, target_dtype, "same_kind"):
         raise TypeError(f"{what}: cannot cast {source} to {target_dtype} (NumPy's same_kind rule)")
+    _FITS.add(key)
 
 
 def _keep_order(arrays, shape, itemsize):
@@ -418,6 +444,16 @@ def _keep_order(arrays, shape, itemsize):
     """
     if len(shape) < 2 or all(a.contiguous for a in arrays if a.shape == shape):
         return None  # C order, the common case
+    key = (shape, itemsize) + tuple((a.shape, a.strides, a.dtype) for a in arrays)
+    if key not in _ORDERS:
+        _ORDERS[key] = _asked_order(arrays, shape, itemsize)
+    return _ORDERS[key]
+
+
+_ORDERS = {}  # (shape, itemsize, each input's layout) -> _keep_order's strides, asked of NumPy once
+
+
+def _asked_order(arrays, shape, itemsize):
     small = tuple(min(n, 2) for n in shape)
     stand_ins = []
     for a in arrays:
@@ -485,6 +521,20 @@ def _reduced_dtype(name, source, requested):
 
 
 def _reduce(a, name, axis, dtype, out, keepdims):
+    """A reduction's result (a new array in NumPy's order, or `out`): asked once per layout and arguments."""
+    key = (a.shape, a.strides, a.dtype, name, axis, dtype, keepdims)
+    if out is None and key in _REDUCTIONS:
+        return ndarray(*_REDUCTIONS[key])
+    result = _reduced(a, name, axis, dtype, out, keepdims)
+    if out is None:
+        _REDUCTIONS[key] = (result.shape, result.dtype, result.strides)
+    return result
+
+
+_REDUCTIONS = {}  # (layout, name, axis, dtype=, keepdims) -> the result's shape, dtype and strides
+
+
+def _reduced(a, name, axis, dtype, out, keepdims):
     if a.ndim == 0 and isinstance(axis, numbers.Integral) and axis in (0, -1):
         axis = None  # NumPy reduces a 0-d array over axis 0 or -1 (not over a tuple of them)
     axes = range(a.ndim) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
@@ -512,7 +562,7 @@ class _Layout(namedtuple("_Layout", "shape strides dtype")):
     ndim = property(lambda self: len(self.shape))
     itemsize = property(lambda self: self.dtype.itemsize)
     contiguous = property(lambda self: all(s == c or n == 1 for s, c, n in zip(
-        self.strides, _contiguous(self.shape, self.dtype.itemsize), self.shape)))
+        self.strides, _contiguous(self.shape, self.dtype)[1], self.shape)))
 
 
 def _axis(i, ndim):
@@ -635,6 +685,19 @@ def _cuda_copies(arrays):
 
 
 def matmul(a, b, out=None):
+    key = ("matmul", a.shape, a.dtype, b.shape, b.dtype)
+    if key not in _PRODUCTS:
+        _PRODUCTS[key] = _matmul(a, b)
+    copies = _cuda_copies([a, b])  # noqa: F841 (alive until the product is made)
+    if out is not None:
+        return out
+    return ndarray(*_PRODUCTS[key])
+
+
+_PRODUCTS = {}  # ("matmul" or einsum's subscripts, each operand's shape and dtype) -> the result's shape and dtype
+
+
+def _matmul(a, b):
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: Input operand does not have enough dimensions")
     m = a.shape[-2:-1] if a.ndim > 1 else ()
@@ -643,11 +706,7 @@ def matmul(a, b, out=None):
     if k_a != k_b:
         raise ValueError(f"matmul: mismatch in its core dimension ({k_a} is not {k_b}), shapes {a.shape} and {b.shape}")
     batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    result = numpy.matmul.resolve_dtypes((a.dtype, b.dtype, None))[-1]
-    copies = _cuda_copies([a, b])  # noqa: F841 (alive until the product is made)
-    if out is not None:
-        return out
-    return ndarray(batch + m + n, result)
+    return batch + m + n, numpy.matmul.resolve_dtypes((a.dtype, b.dtype, None))[-1]
 
 
 def vdot(a, b):
@@ -658,6 +717,16 @@ def vdot(a, b):
 
 def einsum(subscripts, *operands):
     """numpy.einsum with explicit output ("...i,...i->..."): the output's shape from the letters."""
+    key = (subscripts,) + tuple((o.shape, o.dtype) for o in operands)
+    if key not in _PRODUCTS:
+        _PRODUCTS[key] = _einsum(subscripts, operands)
+    copies = _cuda_copies(operands)  # noqa: F841
+    products = ndarray(numpy.broadcast_shapes(*(o.shape for o in operands)), operands[0].dtype) \
+        if like == "cuda" and len(operands) > 1 and operands[0].ndim == operands[1].ndim else None  # noqa: F841
+    return ndarray(*_PRODUCTS[key])
+
+
+def _einsum(subscripts, operands):
     if "->" not in subscripts:
         raise NotImplementedError("meta.einsum needs an explicit output ('ij,jk->ik')")
     inputs, output = subscripts.replace(" ", "").split("->")
@@ -684,15 +753,13 @@ def einsum(subscripts, *operands):
     for part in output.split("..."):
         shape.append(tuple(sizes[letter] for letter in part))
     shape = shape[0] + broadcast + shape[1] if "..." in output else shape[0]
-    copies = _cuda_copies(operands)  # noqa: F841
-    products = ndarray(numpy.broadcast_shapes(*(o.shape for o in operands)), operands[0].dtype) \
-        if like == "cuda" and len(operands) > 1 and operands[0].ndim == operands[1].ndim else None  # noqa: F841
-    return ndarray(shape, numpy.result_type(*(o.dtype for o in operands)))
+    return shape, numpy.result_type(*(o.dtype for o in operands))
 
 
 # -- shapes -------------------------------------------------------------------------------
 def broadcast_to(a, shape):
-    return a._view(numpy.broadcast_to(a._layout(), shape))
+    shape = _tuple(shape)
+    return a._view(("broadcast_to", shape), lambda layout: numpy.broadcast_to(layout, shape))
 
 
 def concatenate(arrays, axis=0):
@@ -732,7 +799,8 @@ class _StrideTricks:
     @staticmethod
     def as_strided(x, shape=None, strides=None, writeable=True):
         """A view of x with these shape and strides, as NumPy makes it (on a stand-in: nothing is read)."""
-        return x._view(as_strided(x._layout(), shape, strides, writeable=False))
+        shape, strides = (None if v is None else tuple(v) for v in (shape, strides))
+        return x._view(("as_strided", shape, strides), lambda a: as_strided(a, shape, strides, writeable=False))
 
 
 class lib:  # noqa: N801 (numpy.lib's name)

@@ -1,0 +1,100 @@
+"""tinygrad-ckpt fit: plan_training from the command line's flags, printed."""
+
+import argparse
+import re
+
+from .inputs import GPT2, GPUS, device_memory_bytes
+from .plan import plan_training
+
+DESCRIPTION = """Will a GPT training step fit on a GPU, and with which technique? For no checkpointing,
+every block, half blocks, sqrt(n), the selective policy and the planner: the peak of one
+step by category, the largest micro-batch that fits, the accumulation steps for the
+effective batch, the recompute time; then the recommendation and its TrainingArguments.
+
+  tinygrad-ckpt fit --model gpt2-xl --memory a100-80gb --effective-batch-size 512 --processes 8
+  tinygrad-ckpt fit --model gpt2 --n-layer 24 --memory 24GiB --seq-len 512
+  tinygrad-ckpt fit --model gpt2-large --memory t4 --dtype bfloat16 --mixed-precision
+
+GPUs: """ + ", ".join(GPUS) + """ (the total CUDA reports for each, less 0.5 GiB for the CUDA
+context: see --reserve)."""
+
+# The flag that sets each plan_training argument or GPTConfig field, for error messages.
+FLAGS = {"seq_len": "--seq-len", "effective_batch_size": "--effective-batch-size", "processes": "--processes",
+         "reserve_bytes": "--reserve", "dtype": "--dtype", "mixed_precision": "--mixed-precision",
+         "planner_layers": "--planner-layers", "block_size": "--block-size", "vocab_size": "--vocab-size",
+         "n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "dropout": "--dropout",
+         "device memory": "--memory", "model preset": "--model"}
+MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "dropout")  # GPTConfig fields with a flag
+
+
+def add_arguments(parser):
+    model = parser.add_argument_group("model (a GPT-2 size, and any field changed)")
+    model.add_argument("--model", default="gpt2", metavar="PRESET",
+                       help=f"{', '.join(GPT2)} (default: %(default)s)")
+    for name in MODEL_FLAGS[:-1]:
+        model.add_argument(FLAGS[name], type=int, default=None, dest=name, help=f"{name} (default: the preset's)")
+    model.add_argument("--dropout", type=float, default=None, help="dropout probability (default: the preset's, 0.1)")
+    model.add_argument("--no-bias", action="store_true", help="no biases in Linear and LayerNorm layers")
+    model.add_argument("--no-tie-weights", action="store_true", help="lm_head its own matrix, not the token embedding")
+    run = parser.add_argument_group("training")
+    run.add_argument("--seq-len", type=int, default=None, help="tokens per example (default: the block size)")
+    run.add_argument("--effective-batch-size", type=int, default=8,
+                     help="examples per optimizer step, all processes together (default: %(default)s)")
+    run.add_argument("--processes", type=int, default=1,
+                     help="data-parallel processes, one per GPU (default: %(default)s)")
+    run.add_argument("--dtype", default="float32", help="float32, float64, float16 or bfloat16 (default: %(default)s)")
+    run.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=None,
+                     help="for float16/bfloat16, required: float32 master weights and AdamW moments "
+                          "(--mixed-precision: float32 parameters and state, autocast's 16-bit ops) or a 16-bit model "
+                          "(--no-mixed-precision)")
+    hw = parser.add_argument_group("device")
+    hw.add_argument("--memory", default="a100-80gb",
+                    help="a GPU (" + ", ".join(GPUS) + "), or a size with its unit: 24GiB, 16GB, 17179869184B "
+                         "(default: %(default)s)")
+    hw.add_argument("--reserve", default=None, metavar="SIZE",
+                    help="memory to keep free: the CUDA context, the allocator's overheads (default: 0.5 GiB for a "
+                         "GPU preset, 0 for a size)")
+    plan = parser.add_argument_group("planner")
+    plan.add_argument("--nested-plans", action="store_true",
+                      help="let the planner recompute some blocks more than once")
+    plan.add_argument("--planner-layers", type=int, default=24,
+                      help="the planner cuts every ceil(n_layer / this) blocks (default: %(default)s)")
+
+
+def run(args):
+    """tinygrad-ckpt fit: plan_training from the flags, printed."""
+    try:
+        if args.dtype in ("float16", "bfloat16") and args.mixed_precision is None:
+            raise ValueError(f"--dtype {args.dtype}: add --mixed-precision (autocast: float32 parameters and "
+                             "state, the forward's ops in 16-bit) or --no-mixed-precision (a 16-bit model)")
+        if args.model not in GPT2:
+            raise ValueError(f"unknown model preset {args.model!r}: use one of {', '.join(GPT2)}")
+        fields = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
+        fields.update({"bias": False} if args.no_bias else {})
+        fields.update({"tie_weights": False} if args.no_tie_weights else {})
+        model = args.model if not fields else {**GPT2[args.model].__dict__, **fields}
+        reserve = None if args.reserve is None else 0
+        if args.reserve is not None and args.reserve.strip() not in ("0", ""):
+            if args.reserve.strip().lower() in GPUS:
+                raise ValueError(f"--reserve {args.reserve!r}: give a size such as 2GiB, 500MB or 536870912B")
+            try:
+                reserve = device_memory_bytes(args.reserve)[0]
+            except ValueError:
+                raise ValueError(f"--reserve {args.reserve!r} is not a size with its unit, such as 2GiB, 500MB or "
+                                 "536870912B") from None
+        plan = plan_training(model, args.seq_len, args.effective_batch_size, args.memory, args.dtype,
+                             args.mixed_precision, args.processes, reserve, args.nested_plans,
+                             args.planner_layers)
+    except ValueError as e:
+        raise ValueError(_flag_names(str(e))) from None
+    if not isinstance(args.model, str) or fields:
+        plan.model_name = f"{args.model} with " + ", ".join(f"{k}={v}" for k, v in fields.items())
+    print(plan)
+    return 0
+
+
+def _flag_names(message):
+    """An error message with plan_training's argument and field names written as the flags that set them."""
+    for name in sorted(FLAGS, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w])", FLAGS[name], message)
+    return message
