@@ -121,7 +121,7 @@ def _kind(name, data, describe):
     """The row of KINDS of one of kinds.py's kinds: its sizes are its model flags; its model and loss kinds.py's
     (the LSTM language model's loss is the Trainer's own, as the GPT's)."""
     kind = model_kinds.KINDS[name]
-    return Kind(flags={**kind.sizes, **({"data": None} if kind.vocab_size is None else {})}, data=data,
+    return Kind(flags={**kind.sizes, **({"data": None} if data is _text else {})}, data=data,
                 build=lambda a, tok: kind.build(vars(a), tok and tok.vocab_size, _rng(a), a.device), describe=describe,
                 loss=None if name == "lstm" else kind.loss, item=kind.item, chain=kind.chain)
 
