@@ -11,13 +11,17 @@ under autocast (TrainingArguments bf16 / fp16). The recommendation is the
 GPT's (plan.recommend), from the rows in the precision asked.
 """
 
-from .. import autocast
+import numpy
+
+from .. import autocast, meta
 from ..data import CharTokenizer, load_text
 from ..kinds import KINDS
+from ..schedules import minimum_budget, plan_checkpoints
+from ..tensor import Tensor
 from . import progress
 from .batch_sizes import profile
 from .inputs import DEFAULT_RESERVE, GPUS, device_memory_bytes, positive_int, precision
-from .plan import TrainingPlan, _ratio, _row, recommend
+from .plan import PLANNER, StrategyFit, TrainingPlan, _largest_divisor, _ratio, _row, recommend
 from .step import estimate_step
 
 STRATEGIES = (("none", "no checkpointing", None), ("every", "every {link}", "every"), ("sqrt", "sqrt(n) segments", "sqrt"))
@@ -82,7 +86,7 @@ def plan_kind(kind, sizes=None, effective_batch_size=8, device_memory="a100-80gb
     model = k.build(sizes, vocab_size, device="meta")
     parameters = sum(p.data.size for p in model.parameters())
     described = ", ".join(f"{name} {','.join(map(str, v)) if isinstance(v, tuple) else v}" for name, v in sizes.items())
-    plan = TrainingPlan(None, kind, None, effective_batch_size, processes, memory_bytes, label,
+    plan = TrainingPlan(None, kind, sizes.get("block_size"), effective_batch_size, processes, memory_bytes, label,
                         memory_bytes - reserve_bytes, asked, parameters,
                         headline=f"{kind}: {described}" + (f", vocabulary {vocab_size}" if kind == "lstm" else "")
                         + f", {parameters:,} parameters; recommended in {asked.dtype if not asked.autocast else half} "
@@ -95,8 +99,54 @@ def plan_kind(kind, sizes=None, effective_batch_size=8, device_memory="a100-80gb
                 name = name.format(link=k.chain[:-1]) + (f", {autocast_dtype} mixed" if autocast_dtype else ", float32")
                 rows.append(_row(plan, key, name, None if segments is None else dict(segments=segments), p,
                                  _ratio(p.at(1))))
+            if kind == "lstm":
+                every = next(r for r in rows if r.key == "every")
+                rows.append(_lstm_planner_row(plan, sizes, vocab_size, autocast_dtype, every))
     plan.recommendation = recommend(plan)
     return plan
+
+
+def lstm_costs(sizes, vocab_size, batch, autocast_dtype=None):
+    """A schedules.LayerCost per time step of the LSTM language model's LSTM at a micro-batch of `batch`: its
+    measure_time_steps, run on the meta device (under autocast for a 16-bit row)."""
+    model = KINDS["lstm"].build(sizes, vocab_size, device="meta")
+    x = Tensor(meta.empty((batch, sizes["block_size"], sizes["n_embd"]), numpy.float32), requires_grad=True)
+    with autocast.autocast(autocast_dtype or "bfloat16", enabled=autocast_dtype is not None):
+        return model.lstm.measure_time_steps(x, repeats=1, cost="flops")
+
+
+def _lstm_planner_row(plan, sizes, vocab_size, autocast_dtype, every):
+    """The planner's row (plan.py's, for the GPT) for the LSTM's time steps: at the largest micro-batch that
+    divides the batch and at which the least-memory plan fits, the plan that recomputes least within the
+    memory less the rest of the step (as the every-step row holds it); if the step is over, the budget shrinks
+    by the excess and the planner plans again. Its largest micro-batch is that plan's. Single-level plans
+    (--nested-plans' default): a nested plan recomputes a step many times, and its run takes as long."""
+    def run(b, found):
+        return kind_step("lstm", sizes, b, found.segments, autocast_dtype, vocab_size)
+
+    label = PLANNER[1] + (f", {autocast_dtype} mixed" if autocast_dtype else ", float32")
+    costs = lstm_costs(sizes, vocab_size, 1, autocast_dtype)
+    found = plan_checkpoints(costs, minimum_budget(costs, False), False)  # the least memory, single-level
+    p = profile(lambda b: run(b, found))
+    micro = _largest_divisor(plan.batch_per_process, p.largest_batch(plan.usable_bytes))
+    if micro:
+        at = kind_step("lstm", sizes, micro, "every", autocast_dtype, vocab_size)
+        budget = plan.usable_bytes - (at.device_peak_bytes - at.highest["activations"])
+        costs = lstm_costs(sizes, vocab_size, micro, autocast_dtype)
+        for _ in range(4):
+            try:
+                planned = plan_checkpoints(costs, budget, False)
+            except ValueError:
+                break
+            excess = run(micro, planned).device_peak_bytes - plan.usable_bytes
+            if excess <= 0:
+                found, p = planned, profile(lambda b: run(b, planned))
+                break
+            budget -= excess
+    largest = p.largest_batch(plan.usable_bytes)
+    micro = _largest_divisor(plan.batch_per_process, largest)
+    return StrategyFit(PLANNER[0], label, dict(segments=found.segments), largest, micro,
+                       plan.batch_per_process // micro if micro else 0, p.at(micro or 1), _ratio(p.at(1)), found)
 
 
 def _has_bfloat16():

@@ -6,12 +6,13 @@ from .inputs import GiB, format_size
 COLUMNS = ("parameters", "gradients", "accumulation", "optimizer", "activations", "other")
 
 
-def _plan_text(segments, n_layer):
+def _plan_text(segments, n_layer, links="blocks"):
     """A plan in words: 'every block checkpointed', or its segments ('[0:8]* [8:10]', * = checkpointed) with
     a run of three or more alike ones written as its first and last and a count, so that a 48-block plan
     stays one short line."""
     if list(segments) == [(i, i + 1, True) for i in range(n_layer)]:
-        return f"every block checkpointed, each of the {n_layer} a segment of its own (as the 'every block' row)"
+        return (f"every {links[:-1]} checkpointed, each of the {n_layer} a segment of its own (as the 'every "
+                f"{links[:-1]}' row)")
     parts, k = [], 0
     while k < len(segments):
         a, b, how = segments[k]
@@ -20,13 +21,13 @@ def _plan_text(segments, n_layer):
                and segments[k + run][1] - segments[k + run][0] == b - a):
             run += 1
         if run >= 3:
-            size = "1 block" if b - a == 1 else f"{b - a} blocks"
+            size = f"1 {links[:-1]}" if b - a == 1 else f"{b - a} {links}"
             parts.append(f"{describe(segments[k:k + 1])} ... {describe(segments[k + run - 1:k + run])} "
                          f"({run} segments of {size})")
         else:
             parts.append(describe(segments[k:k + run]))
         k += run
-    return " ".join(parts) + " (blocks; * = checkpointed)"
+    return " ".join(parts) + f" ({links}; * = checkpointed)"
 
 
 def render(plan):
@@ -62,7 +63,8 @@ def render(plan):
         lines.append("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths))))
     planner = next((r for r in plan.rows if r.key == "planner"), None)
     if planner is not None and planner.plan is not None and planner.checkpointing is not None:
-        lines += ["", f"planner's plan: {_plan_text(planner.plan.segments, c.n_layer)}"]
+        chain = (c.n_layer, "blocks") if c else (plan.seq_len, "time steps")  # a GPT's; the LSTM's (fit/kinds.py)
+        lines += ["", f"planner's plan: {_plan_text(planner.plan.segments, *chain)}"]
     rec = plan.recommendation
     lines += ["", f"Recommendation: {rec.verdict} ({rec.reason})."]
     if rec.training_arguments:
