@@ -24,6 +24,9 @@ from .inputs import DEFAULT_RESERVE, GPUS, device_memory_bytes, positive_int, pr
 from .plan import PLANNER, StrategyFit, TrainingPlan, _largest_divisor, _ratio, _row, recommend
 from .step import estimate_step
 
+# The planner's search grows quickly with the time steps and with the budget (schedules.plan_checkpoints: at
+# 256 steps, seconds to tens of seconds a plan): the LSTM gets the planner's rows up to this many steps.
+PLANNER_STEPS = 64
 STRATEGIES = (("none", "no checkpointing", None), ("every", "every {link}", "every"), ("sqrt", "sqrt(n) segments", "sqrt"))
 
 
@@ -90,7 +93,8 @@ def plan_kind(kind, sizes=None, effective_batch_size=8, device_memory="a100-80gb
                         memory_bytes - reserve_bytes, asked, parameters,
                         headline=f"{kind}: {described}" + (f", vocabulary {vocab_size}" if kind == "lstm" else "")
                         + f", {parameters:,} parameters; recommended in {asked.dtype if not asked.autocast else half} "
-                        "(--dtype)")
+                        "(--dtype)" + ("" if kind != "lstm" or sizes["block_size"] <= PLANNER_STEPS else
+                                       f"; no planner rows past {PLANNER_STEPS} time steps (its search grows with them)"))
     with progress.shown(4 * len(STRATEGIES), f"fit {kind}"):
         for autocast_dtype in (None, half):
             rows = plan.rows if autocast_dtype == asked.autocast else plan.other_rows
@@ -99,7 +103,7 @@ def plan_kind(kind, sizes=None, effective_batch_size=8, device_memory="a100-80gb
                 name = name.format(link=k.chain[:-1]) + (f", {autocast_dtype} mixed" if autocast_dtype else ", float32")
                 rows.append(_row(plan, key, name, None if segments is None else dict(segments=segments), p,
                                  _ratio(p.at(1))))
-            if kind == "lstm":
+            if kind == "lstm" and sizes["block_size"] <= PLANNER_STEPS:
                 every = next(r for r in rows if r.key == "every")
                 rows.append(_lstm_planner_row(plan, sizes, vocab_size, autocast_dtype, every))
     plan.recommendation = recommend(plan)
