@@ -132,3 +132,12 @@ def test_a_gpt_refuses_the_other_kinds_flags(capsys):
     assert cli.main(["fit", "--model", "gpt2", "--widths", "4,8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--widths does not apply to --model gpt2, which takes --n-layer" in err
+
+
+def test_the_lstm_has_the_planners_rows_up_to_its_limit_and_says_so_beyond():
+    from tinygrad_ckpt.fit.kinds import PLANNER_STEPS
+    assert any(r.key == "planner" for r in planned("lstm").rows)  # the default 64 steps
+    beyond = plan_kind("lstm", {"block_size": PLANNER_STEPS + 1, "hidden_size": 16, "n_embd": 8},
+                       device_memory="8MiB")
+    assert not any(r.key == "planner" for r in beyond.rows + beyond.other_rows)
+    assert f"no planner rows past {PLANNER_STEPS} time steps" in str(beyond)
