@@ -112,7 +112,7 @@ def test_every_technique_at_once_trains(kind, capsys):
 
 @pytest.mark.parametrize("kind, flags, message", [
     ("lstm", ["--n-head", "2"], "--n-head does not apply to --model lstm, which takes --block-size, --dropout, "
-                                "--data, --n-layer, --n-embd, --hidden-size"),
+                                "--n-layer, --n-embd, --hidden-size, --data"),
     ("cnn", ["--data", "x.txt", "--block-size", "8"], "--block-size, --data do not apply to --model cnn, which "
                                                       "takes --image-size, --widths"),
     ("mlp", ["--sample-chars", "10"], "--sample-chars does not apply to --model mlp"),

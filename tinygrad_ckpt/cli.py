@@ -41,15 +41,13 @@ from dataclasses import MISSING, dataclass, fields
 import numpy
 
 from . import autocast, backend, bench, fit, memory, random, schedules
-from . import functional as F
-from .bench.kinds import image_loss, sequence_label_loss
+from . import kinds as model_kinds
 from .data import (
     array_examples, curve_task, load_char_datasets, majority_token_task, stack_collate, stripes_task, train_val_split,
 )
 from .distributed import DistributedError, abort_if_running, from_environment
-from .nn import CNN, GPT, LSTM, MLP, CNNConfig, Encoder, EncoderConfig, GPTConfig, LSTMConfig, LSTMLanguageModel
+from .nn import GPT, LSTM, GPTConfig, LSTMLanguageModel
 from .nn.module import LoadStateDictError
-from .tensor import Tensor
 from .testing import verify
 from .threads import limited_threads, thread_count
 from .train import TrainingArguments, Trainer
@@ -70,7 +68,7 @@ DEFAULTS = dict(
 # -- the model kinds: `tinygrad-ckpt train --model NAME` -------------------------------------------------
 # The language models learn from the embedded text (or --data); the other kinds from a task data.py generates
 # from a fixed seed (no download; the same arrays on every machine): GENERATED examples, the last
-# --val-fraction of them for validation. The losses are those `bench --kinds` trains with (bench/kinds.py).
+# --val-fraction of them for validation. The models and losses are kinds.py's, as `bench --kinds` and `fit --model` build them.
 GENERATED = 4096
 
 
@@ -85,13 +83,6 @@ class Kind:
     loss: object = None  # the Trainer's compute_loss_func; None: its own, a language model's
     item: str = "token"  # what the loss is a mean over
     chain: str = "blocks"  # what checkpointing cuts into segments
-
-
-def curve_loss(model, batch):
-    """The MLP's loss: the sum of the squared errors over the points, and how many points."""
-    device = model.head.weight.device
-    predicted = model(Tensor(batch["x"], device=device))  # (B, 1)
-    return F.mse_loss(predicted, Tensor(batch["y"], device=device), reduction="sum"), len(batch["y"])
 
 
 def _text(args):
@@ -126,6 +117,15 @@ def _rng(args):
     return numpy.random.default_rng(args.seed)
 
 
+def _kind(name, data, describe):
+    """The row of KINDS of one of kinds.py's kinds: its sizes are its model flags; its model and loss kinds.py's
+    (the LSTM language model's loss is the Trainer's own, as the GPT's)."""
+    kind = model_kinds.KINDS[name]
+    return Kind(flags={**kind.sizes, **({"data": None} if data is _text else {})}, data=data,
+                build=lambda a, tok: kind.build(vars(a), tok and tok.vocab_size, _rng(a), a.device), describe=describe,
+                loss=None if name == "lstm" else kind.loss, item=kind.item, chain=kind.chain)
+
+
 SIZE_FLAGS = ("n_embd", "hidden_size", "widths", "n_layer", "block_size", "image_size")  # in an out-of-memory error
 KINDS = {
     "gpt": Kind(
@@ -136,37 +136,13 @@ KINDS = {
                                            n_head=a.n_head, n_embd=a.n_embd, dropout=a.dropout),
                                  rng=_rng(a), device=a.device),
         describe=lambda a: f"GPT, {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}"),
-    "lstm": Kind(  # the GPT's contract (forward(input_ids) -> logits (B, T, vocab)), so the Trainer's own loss
-        flags=dict(block_size=64, dropout=0.0, data=None, n_layer=1, n_embd=64, hidden_size=128),
-        data=_text,
-        build=lambda a, tok: LSTMLanguageModel(LSTMConfig(vocab_size=tok.vocab_size, n_embd=a.n_embd,
-                                                          hidden_size=a.hidden_size, num_layers=a.n_layer,
-                                                          dropout=a.dropout), rng=_rng(a), device=a.device),
-        describe=lambda a: f"LSTM language model, {_plural(a.n_layer, 'layer')}, hidden size {a.hidden_size}, "
-                           f"embedding width {a.n_embd}",
-        chain="time steps"),
-    "encoder": Kind(
-        flags=dict(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0),
-        data=_majority,
-        build=lambda a, tok: Encoder(EncoderConfig(block_size=a.block_size, vocab_size=8, num_classes=8,
-                                                   n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd,
-                                                   dropout=a.dropout), rng=_rng(a), device=a.device),
-        describe=lambda a: f"encoder (a classifier), {a.n_layer} layers, {a.n_head} heads, width {a.n_embd}",
-        loss=sequence_label_loss, item="sequence"),
-    "cnn": Kind(
-        flags=dict(image_size=32, widths=(16, 32, 64)),
-        data=_stripes,
-        build=lambda a, tok: CNN(CNNConfig(image_size=a.image_size, n_classes=10, widths=a.widths), rng=_rng(a),
-                                 device=a.device),
-        describe=lambda a: f"CNN, stages of widths {', '.join(map(str, a.widths))} (Conv 3x3 -> BatchNorm -> ReLU, "
-                           "twice, then MaxPool)",
-        loss=image_loss, item="image", chain="stages"),
-    "mlp": Kind(
-        flags=dict(n_layer=4, n_embd=64),
-        data=_curve,
-        build=lambda a, tok: MLP(1, a.n_embd, 1, a.n_layer, rng=_rng(a), device=a.device),
-        describe=lambda a: f"MLP, {a.n_layer} blocks (Linear -> GELU) of width {a.n_embd}",
-        loss=curve_loss, item="point"),
+    "lstm": _kind("lstm", _text, lambda a: f"LSTM language model, {_plural(a.n_layer, 'layer')}, hidden size "
+                                           f"{a.hidden_size}, embedding width {a.n_embd}"),
+    "encoder": _kind("encoder", _majority, lambda a: f"encoder (a classifier), {a.n_layer} layers, {a.n_head} heads, "
+                                                     f"width {a.n_embd}"),
+    "cnn": _kind("cnn", _stripes, lambda a: f"CNN, stages of widths {', '.join(map(str, a.widths))} (Conv 3x3 -> "
+                                            "BatchNorm -> ReLU, twice, then MaxPool)"),
+    "mlp": _kind("mlp", _curve, lambda a: f"MLP, {a.n_layer} blocks (Linear -> GELU) of width {a.n_embd}"),
 }
 
 
@@ -515,7 +491,7 @@ def build_parser():
                                        description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(bench_parser)
     bench_parser.set_defaults(run=bench.run)
-    fit_parser = commands.add_parser("fit", help="will a GPT's training step fit on a GPU? per strategy, and what to do",
+    fit_parser = commands.add_parser("fit", help="will a training step fit on a GPU (a GPT, or another kind)? per strategy, and what to do",
                                      description=fit.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     fit.add_arguments(fit_parser)

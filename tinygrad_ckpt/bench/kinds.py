@@ -57,14 +57,13 @@ from dataclasses import dataclass
 
 import numpy
 
-from .. import autocast, backend, fit, memory
-from .. import functional as F
+from .. import autocast, fit, memory
 from ..data import stack_collate
+from ..kinds import image_loss, language_model_loss, sequence_label_loss
 from ..nn import CNN, GPT, CNNConfig, GPTConfig
 from ..nn.encoder import Encoder, EncoderConfig
 from ..nn.lstm import LSTMConfig, LSTMLanguageModel
 from ..ops.flops import op_flops
-from ..tensor import Tensor
 from ..train import Trainer, TrainingArguments
 
 KINDS = ("CNN", "LSTM", "encoder", "GPT")
@@ -84,26 +83,6 @@ class Size:
     example: dict  # field -> (shape of one example, dtype, high: values drawn from [0, high); None: normal)
     loss: object  # the Trainer's compute_loss_func: (model, batch) -> (sum of the losses, items)
     batch: int  # part 1's micro-batch
-
-
-def image_loss(model, batch):
-    """A CNN's loss: the sum of the cross-entropies of the images' logits, and how many images."""
-    logits, _ = model(Tensor(batch["x"], device=model.head.weight.device))  # (B, n_classes)
-    return F.cross_entropy(logits, backend.to_device(batch["y"], logits.device), reduction="sum"), len(batch["y"])
-
-
-def language_model_loss(model, batch):
-    """The LSTM's and the GPT's loss, as the Trainer's own: the sum over every token, and how many tokens."""
-    logits, _ = model(batch["input_ids"])  # (B, T, vocab)
-    labels = batch["labels"]
-    return F.cross_entropy(logits, backend.to_device(labels, logits.device), reduction="sum"), labels.size
-
-
-def sequence_label_loss(model, batch):
-    """The encoder's loss: one label per sequence."""
-    logits, _ = model(batch["input_ids"])  # (B, num_classes)
-    labels = batch["labels"]
-    return F.cross_entropy(logits, backend.to_device(labels, logits.device), reduction="sum"), len(labels)
 
 
 def cnn(label, config, batch):

@@ -19,6 +19,7 @@ One idea a file:
   recorder.py     what a run keeps as it goes: bytes at every check, FLOPs from the op events
   batch_sizes.py  every micro-batch from two runs: StepProfile, profile_gpt
   plan.py         plan_training: each strategy's row, the planner's, the recommendation
+  kinds.py        plan_kind: the same table for the MLP, the CNN, the LSTM and the encoder (kinds.py's)
   table.py        the plan as text
   command.py      tinygrad-ckpt fit
   progress.py     the progress bar of a long fit
@@ -29,6 +30,7 @@ formulas (activations.py), the planner (schedules.py), the command line (cli.py)
 
 from .batch_sizes import StepProfile, profile_gpt
 from .command import DESCRIPTION, add_arguments, run
+from .kinds import plan_kind
 from .inputs import DEFAULT_RESERVE, GPT2, GPUS, GiB, Precision, device_memory_bytes, model_config, precision
 from .plan import PLANNER, STRATEGIES, VERDICTS, Recommendation, StrategyFit, TrainingPlan, plan_training, recommend
 from .step import PROFILES as _PROFILES
@@ -38,5 +40,5 @@ from .table import render
 
 __all__ = ["DEFAULT_RESERVE", "DESCRIPTION", "GPT2", "GPUS", "GiB", "PLANNER", "STRATEGIES", "VERDICTS", "Precision",
            "Recommendation", "StepMemory", "StepProfile", "StrategyFit", "TrainingPlan", "add_arguments",
-           "device_memory_bytes", "estimate_step", "gpt_step", "model_config", "plan_training", "precision",
+           "device_memory_bytes", "estimate_step", "gpt_step", "model_config", "plan_kind", "plan_training", "precision",
            "profile_gpt", "recommend", "render", "run", "_PROFILES", "_STEPS"]

@@ -1,4 +1,4 @@
-"""Every micro-batch size from the step run at two: a GPT's step is affine in the batch (StepProfile)."""
+"""Every micro-batch size from the step run at two: a step is affine in the batch (StepProfile)."""
 
 import dataclasses
 
@@ -105,10 +105,14 @@ def profile_gpt(config, seq_len, **kwargs):
 def _profile(config, seq_len, kwargs):
     step = {**dict(dtype="float32", checkpointing=None, accumulation_dtype=None, optim="adamw", device="cuda",
                    autocast=None), **kwargs}
-    run = lambda b: _gpt_step(config, b, seq_len, **step)  # noqa: E731 (with every moment's bytes)
+    return profile(lambda b: _gpt_step(config, b, seq_len, **step))  # with every moment's bytes
+
+
+def profile(run):
+    """A StepProfile from run(b), the StepMemory (with its points) of a micro-batch of b: the runs at 1 and 2,
+    or at 2 and 3 where 1 is not like the others (see StepProfile)."""
     one, two = run(1), run(2)
     try:
         return StepProfile(one, two)
-    except ValueError:  # 1 is not like the others (see StepProfile)
+    except ValueError:
         return StepProfile(two, run(3), batch=2, below={1: dataclasses.replace(one, points=None, scratch_points=None)})
-

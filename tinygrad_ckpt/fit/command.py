@@ -1,19 +1,24 @@
-"""tinygrad-ckpt fit: plan_training from the command line's flags, printed."""
+"""tinygrad-ckpt fit: plan_training (a GPT) or plan_kind (another model kind) from the command line's flags, printed."""
 
 import argparse
 import re
 
+from ..kinds import KINDS
 from .inputs import GPT2, GPUS, device_memory_bytes
+from .kinds import plan_kind
 from .plan import plan_training
 
 DESCRIPTION = """Will a GPT training step fit on a GPU, and with which technique? For no checkpointing,
 every block, half blocks, sqrt(n), the selective policy and the planner: the peak of one
 step by category, the largest micro-batch that fits, the accumulation steps for the
 effective batch, the recompute time; then the recommendation and its TrainingArguments.
+The other model kinds (mlp, cnn, lstm, encoder; sized with `train --model KIND`'s flags):
+no checkpointing, every link of the chain and sqrt(n), each in float32 and 16-bit mixed precision.
 
   tinygrad-ckpt fit --model gpt2-xl --memory a100-80gb --effective-batch-size 512 --processes 8
   tinygrad-ckpt fit --model gpt2 --n-layer 24 --memory 24GiB --seq-len 512
   tinygrad-ckpt fit --model gpt2-large --memory t4 --dtype bfloat16 --mixed-precision
+  tinygrad-ckpt fit --model cnn --image-size 224 --widths 64,128,256,512 --memory v100-16gb --effective-batch-size 256
 
 GPUs: """ + ", ".join(GPUS) + """ (the total CUDA reports for each, less 0.5 GiB for the CUDA
 context: see --reserve)."""
@@ -23,16 +28,23 @@ FLAGS = {"seq_len": "--seq-len", "effective_batch_size": "--effective-batch-size
          "reserve_bytes": "--reserve", "dtype": "--dtype", "mixed_precision": "--mixed-precision",
          "planner_layers": "--planner-layers", "block_size": "--block-size", "vocab_size": "--vocab-size",
          "n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "dropout": "--dropout",
+         "hidden_size": "--hidden-size", "image_size": "--image-size", "widths": "--widths",
          "device memory": "--memory", "model preset": "--model"}
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "dropout")  # GPTConfig fields with a flag
+KIND_FLAGS = ("hidden_size", "image_size", "widths")  # the other kinds' size flags that are no GPT's
+# The flags only a GPT takes, by dest name, and their defaults (given otherwise, they are refused for a kind).
+GPT_ONLY = dict(seq_len=None, no_bias=False, no_tie_weights=False, nested_plans=False, planner_layers=None)
 
 
 def add_arguments(parser):
-    model = parser.add_argument_group("model (a GPT-2 size, and any field changed)")
+    model = parser.add_argument_group("model (a GPT-2 size, and any field changed; or another kind and its sizes)")
     model.add_argument("--model", default="gpt2", metavar="PRESET",
-                       help=f"{', '.join(GPT2)} (default: %(default)s)")
-    for name in MODEL_FLAGS[:-1]:
-        model.add_argument(FLAGS[name], type=int, default=None, dest=name, help=f"{name} (default: the preset's)")
+                       help=f"{', '.join(GPT2)}, or a kind: {', '.join(KINDS)} (default: %(default)s)")
+    for name in MODEL_FLAGS[:-1] + KIND_FLAGS[:-1]:
+        model.add_argument(FLAGS[name], type=int, default=None, dest=name,
+                           help=f"{name} (default: the preset's or the kind's: {_taken_by(name)})")
+    model.add_argument("--widths", type=_widths, default=None,
+                       help=f"the CNN's stages, by their channels: 16,32,64 (default: {_taken_by('widths')})")
     model.add_argument("--dropout", type=float, default=None, help="dropout probability (default: the preset's, 0.1)")
     model.add_argument("--no-bias", action="store_true", help="no biases in Linear and LayerNorm layers")
     model.add_argument("--no-tie-weights", action="store_true", help="lm_head its own matrix, not the token embedding")
@@ -57,8 +69,25 @@ def add_arguments(parser):
     plan = parser.add_argument_group("planner")
     plan.add_argument("--nested-plans", action="store_true",
                       help="let the planner recompute some blocks more than once")
-    plan.add_argument("--planner-layers", type=int, default=24,
-                      help="the planner cuts every ceil(n_layer / this) blocks (default: %(default)s)")
+    plan.add_argument("--planner-layers", type=int, default=None,
+                      help="the planner cuts every ceil(n_layer / this) blocks (default: 24)")
+
+
+def _taken_by(name):
+    """The kinds that take a size flag, with their defaults: 'mlp 4, lstm 1'."""
+    shown = lambda v: ",".join(map(str, v)) if isinstance(v, tuple) else str(v)  # noqa: E731
+    return ", ".join(f"{kind} {shown(k.sizes[name])}" for kind, k in KINDS.items() if name in k.sizes) or "none"
+
+
+def _widths(text):
+    """An argparse type: channels per stage, '16,32,64' -> (16, 32, 64)."""
+    try:
+        widths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give the channels of each stage as integers, 16,32,64: {text!r}") from None
+    if min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"every width must be at least 1, got {text!r}")
+    return widths
 
 
 def run(args):
@@ -67,30 +96,61 @@ def run(args):
         if args.dtype in ("float16", "bfloat16") and args.mixed_precision is None:
             raise ValueError(f"--dtype {args.dtype}: add --mixed-precision (autocast: float32 parameters and "
                              "state, the forward's ops in 16-bit) or --no-mixed-precision (a 16-bit model)")
+        if args.model in KINDS:
+            return _run_kind(args)
         if args.model not in GPT2:
-            raise ValueError(f"unknown model preset {args.model!r}: use one of {', '.join(GPT2)}")
+            raise ValueError(f"unknown model preset {args.model!r}: use one of {', '.join(GPT2)}, or a model kind: "
+                             f"{', '.join(KINDS)}")
+        _refuse([name for name in KIND_FLAGS if getattr(args, name) is not None], args.model,
+                list(MODEL_FLAGS) + list(GPT_ONLY))
         fields = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
         fields.update({"bias": False} if args.no_bias else {})
         fields.update({"tie_weights": False} if args.no_tie_weights else {})
         model = args.model if not fields else {**GPT2[args.model].__dict__, **fields}
-        reserve = None if args.reserve is None else 0
-        if args.reserve is not None and args.reserve.strip() not in ("0", ""):
-            if args.reserve.strip().lower() in GPUS:
-                raise ValueError(f"--reserve {args.reserve!r}: give a size such as 2GiB, 500MB or 536870912B")
-            try:
-                reserve = device_memory_bytes(args.reserve)[0]
-            except ValueError:
-                raise ValueError(f"--reserve {args.reserve!r} is not a size with its unit, such as 2GiB, 500MB or "
-                                 "536870912B") from None
         plan = plan_training(model, args.seq_len, args.effective_batch_size, args.memory, args.dtype,
-                             args.mixed_precision, args.processes, reserve, args.nested_plans,
-                             args.planner_layers)
+                             args.mixed_precision, args.processes, _reserve(args), args.nested_plans,
+                             24 if args.planner_layers is None else args.planner_layers)
     except ValueError as e:
         raise ValueError(_flag_names(str(e))) from None
     if not isinstance(args.model, str) or fields:
         plan.model_name = f"{args.model} with " + ", ".join(f"{k}={v}" for k, v in fields.items())
     print(plan)
     return 0
+
+
+def _run_kind(args):
+    """tinygrad-ckpt fit --model KIND: plan_kind from the kind's size flags, printed."""
+    takes = list(KINDS[args.model].sizes) + (["vocab_size"] if args.model == "lstm" else [])
+    _refuse([name for name in MODEL_FLAGS + KIND_FLAGS if name not in takes and getattr(args, name) is not None]
+            + [name for name, default in GPT_ONLY.items() if getattr(args, name) != default], args.model, takes)
+    sizes = {name: getattr(args, name) for name in KINDS[args.model].sizes if getattr(args, name) is not None}
+    plan = plan_kind(args.model, sizes, args.effective_batch_size, args.memory, args.dtype, args.mixed_precision,
+                     args.processes, _reserve(args), args.vocab_size)
+    print(plan)
+    return 0
+
+
+def _reserve(args):
+    """--reserve in bytes (None: the default for --memory)."""
+    reserve = None if args.reserve is None else 0
+    if args.reserve is not None and args.reserve.strip() not in ("0", ""):
+        if args.reserve.strip().lower() in GPUS:
+            raise ValueError(f"--reserve {args.reserve!r}: give a size such as 2GiB, 500MB or 536870912B")
+        try:
+            reserve = device_memory_bytes(args.reserve)[0]
+        except ValueError:
+            raise ValueError(f"--reserve {args.reserve!r} is not a size with its unit, such as 2GiB, 500MB or "
+                             "536870912B") from None
+    return reserve
+
+
+def _refuse(given, model, takes):
+    """A ValueError for the flags `given` that --model `model` does not take (it takes `takes`)."""
+    if given:
+        flags = ", ".join(FLAGS.get(name, "--" + name.replace("_", "-")) for name in given)
+        raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --model {model}, which takes "
+                         f"{', '.join(FLAGS.get(name, '--' + name.replace('_', '-')) for name in takes)} (and "
+                         "--memory, --reserve, --effective-batch-size, --processes, --dtype, --mixed-precision)")
 
 
 def _flag_names(message):

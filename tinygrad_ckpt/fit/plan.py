@@ -84,7 +84,7 @@ class Recommendation:
 
 @dataclass
 class TrainingPlan:
-    """plan_training's answer: the inputs, a StrategyFit per strategy, the recommendation."""
+    """plan_training's (and plan_kind's) answer: the inputs, a StrategyFit per strategy, the recommendation."""
 
     config: GPTConfig
     model_name: str
@@ -98,6 +98,8 @@ class TrainingPlan:
     parameters: int
     rows: list = field(default_factory=list)
     recommendation: Recommendation = None
+    headline: str = None  # a model kind's (fit/kinds.py): what it is, in place of the GPT's config
+    other_rows: list = field(default_factory=list)  # a kind's rows in the other precision: shown, not recommended from
 
     @property
     def batch_per_process(self):
@@ -335,6 +337,8 @@ def _arguments(plan, row):
     args = [f"per_device_train_batch_size={row.micro_batch}"]
     if row.accumulation_steps > 1:
         args.append(f"gradient_accumulation_steps={row.accumulation_steps}")
+    if plan.precision.autocast:
+        args.append(f"{'bf16' if plan.precision.autocast == 'bfloat16' else 'fp16'}=True")
     if row.checkpointing is not None:
         args.append("gradient_checkpointing=True")
         kwargs = {k: v for k, v in row.checkpointing.items() if (k, v) != ("segments", "every")}
