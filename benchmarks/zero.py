@@ -1,4 +1,4 @@
-"""What does each rank hold under ZeRO stages 0, 1 and 2, and what does it send? (issue 39, item 3)
+"""What does each rank hold under ZeRO stages 0, 1 and 2, and what does it send?
 
     python benchmarks/zero.py
 

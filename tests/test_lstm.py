@@ -57,6 +57,18 @@ def flat(output, state):
     return F.cat([output.reshape(-1), h.reshape(-1), c.reshape(-1)])
 
 
+def both_runs(torch, theirs, ours, arrays, weights):
+    """Forward (x, (h0, c0)) through torch's LSTM and ours, backward of sum(output * weight) over (output,
+    h_n, c_n); [(ours, theirs)] for the outputs, h_n, c_n and the gradients of x, h0 and c0."""
+    tx, th0, tc0 = (torch.tensor(a, requires_grad=True) for a in arrays)
+    out, (h, c) = theirs(tx, (th0, tc0))
+    sum((o * torch.tensor(w)).sum() for o, w in zip((out, h, c), weights)).backward()
+    mx, mh0, mc0 = (Tensor(a, requires_grad=True) for a in arrays)
+    our_out, (our_h, our_c) = ours(mx, (mh0, mc0))
+    sum((o * Tensor(w)).sum() for o, w in zip((our_out, our_h, our_c), weights)).backward()
+    return [(our_out, out), (our_h, h), (our_c, c), (mx.grad, tx.grad), (mh0.grad, th0.grad), (mc0.grad, tc0.grad)]
+
+
 # -- PyTorch's numbers ------------------------------------------------------------------------
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
@@ -71,16 +83,8 @@ def test_lstm_matches_pytorch_outputs_and_gradients(batch_first, bias):
     h0, c0 = rng(2).standard_normal((L, B, H)), rng(3).standard_normal((L, B, H))
     weights = [rng(4 + k).standard_normal(s) for k, s in enumerate([x.shape[:2] + (H,), (L, B, H), (L, B, H)])]
 
-    tx, th0, tc0 = (torch.tensor(a, requires_grad=True) for a in (x, h0, c0))
-    out, (h, c) = theirs(tx, (th0, tc0))
-    sum((o * torch.tensor(w)).sum() for o, w in zip((out, h, c), weights)).backward()
-    mx, mh0, mc0 = (Tensor(a, requires_grad=True) for a in (x, h0, c0))
-    our_out, (our_h, our_c) = ours(mx, (mh0, mc0))
-    sum((o * Tensor(w)).sum() for o, w in zip((our_out, our_h, our_c), weights)).backward()
-
     close = dict(rtol=1e-10, atol=1e-12)
-    for mine, theirs_t in ((our_out, out), (our_h, h), (our_c, c), (mx.grad, tx.grad), (mh0.grad, th0.grad),
-                           (mc0.grad, tc0.grad)):
+    for mine, theirs_t in both_runs(torch, theirs, ours, (x, h0, c0), weights):
         numpy.testing.assert_allclose(mine.numpy(), theirs_t.detach().numpy(), **close)
     their_params = dict(theirs.named_parameters())
     assert [n for n, _ in ours.named_parameters()] == list(their_params)  # names and order

@@ -14,7 +14,7 @@ from tinygrad_ckpt.testing import strategies as tst
 
 from .conftest import examples
 from .helpers import ATOL, RTOL, TORCH_SKIP
-from .test_lstm import flat, leaf, rng
+from .test_lstm import both_runs, flat, leaf, rng
 
 F64 = numpy.float64
 
@@ -79,13 +79,7 @@ def test_matches_pytorch_outputs_and_gradients():
     ours.load_state_dict(theirs.state_dict())
     x, h0, c0 = rng(1).standard_normal((T, B, D)), rng(2).standard_normal((2 * L, B, H)), rng(3).standard_normal((2 * L, B, H))
     weights = [rng(4 + k).standard_normal(s) for k, s in enumerate([(T, B, 2 * H), (2 * L, B, H), (2 * L, B, H)])]
-    tx, th0, tc0 = (torch.tensor(a, requires_grad=True) for a in (x, h0, c0))
-    out, (h, c) = theirs(tx, (th0, tc0))
-    sum((o * torch.tensor(w)).sum() for o, w in zip((out, h, c), weights)).backward()
-    mx, mh0, mc0 = (Tensor(a, requires_grad=True) for a in (x, h0, c0))
-    our_out, (our_h, our_c) = ours(mx, (mh0, mc0))
-    sum((o * Tensor(w)).sum() for o, w in zip((our_out, our_h, our_c), weights)).backward()
-    for mine, them in ((our_out, out), (our_h, h), (our_c, c), (mx.grad, tx.grad), (mh0.grad, th0.grad)):
+    for mine, them in both_runs(torch, theirs, ours, (x, h0, c0), weights):
         numpy.testing.assert_allclose(mine.numpy(), them.detach().numpy(), rtol=1e-10, atol=1e-12)
     their_params = dict(theirs.named_parameters())
     for name, p in ours.named_parameters():

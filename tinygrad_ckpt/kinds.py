@@ -102,6 +102,6 @@ KINDS = {
 }
 
 
-def zeros_batch(example, batch_size):
+def batch_shapes(example, batch_size):
     """{field: (shape of batch_size examples, dtype)}: what fit.estimate_step takes, from an example's fields."""
     return {name: ((batch_size, *shape), numpy.dtype(dtype)) for name, (shape, dtype, _) in example.items()}

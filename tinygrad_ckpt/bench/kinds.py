@@ -59,7 +59,7 @@ import numpy
 
 from .. import autocast, fit, memory
 from ..data import stack_collate
-from ..kinds import image_loss, language_model_loss, sequence_label_loss
+from ..kinds import batch_shapes, image_loss, language_model_loss, sequence_label_loss
 from ..nn import CNN, GPT, CNNConfig, GPTConfig
 from ..nn.encoder import Encoder, EncoderConfig
 from ..nn.lstm import LSTMConfig, LSTMLanguageModel
@@ -188,7 +188,7 @@ def real_step(size, strategy, batch, precision=None):
 
 def meta_step(size, strategy, batch, device="cuda", precision=None):
     """fit.estimate_step of the model built on the meta device."""
-    shapes = {name: ((batch, *shape), dtype) for name, (shape, dtype, _) in size.example.items()}
+    shapes = batch_shapes(size.example, batch)
     return fit.estimate_step(size.make("meta"), shapes, size.loss, arguments(strategy, batch, precision), device=device)
 
 

@@ -15,7 +15,7 @@ import numpy
 
 from .. import autocast, meta
 from ..data import CharTokenizer, load_text
-from ..kinds import KINDS
+from ..kinds import KINDS, batch_shapes
 from ..schedules import minimum_budget, plan_checkpoints
 from ..tensor import Tensor
 from . import progress
@@ -36,7 +36,7 @@ def kind_step(kind, sizes, batch_size, checkpointing=None, autocast_dtype=None, 
     checkpointing: None or gradient_checkpointing_kwargs' segments ("every",
     "sqrt", ...); autocast_dtype: None, "bfloat16" or "float16" (mixed precision)."""
     k = KINDS[kind]
-    shapes = {name: ((batch_size, *shape), dtype) for name, (shape, dtype, _) in k.example(sizes, vocab_size).items()}
+    shapes = batch_shapes(k.example(sizes, vocab_size), batch_size)
     args = dict(bf16=autocast_dtype == "bfloat16", fp16=autocast_dtype == "float16", gradient_checkpointing=bool(checkpointing),
                 gradient_checkpointing_kwargs=dict(segments=checkpointing) if checkpointing else None)
     step = estimate_step(k.build(sizes, vocab_size, device="meta"), shapes, k.loss, args, device)
