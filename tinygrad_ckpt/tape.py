@@ -546,11 +546,13 @@ def _accumulate(t, g, seen):
         owned = g if (g.base is None and not _placed(g, seen)) else g.copy()
         from .tensor import Tensor  # imported here: tensor.py imports this module
 
-        t.grad = Tensor(owned, device=t.device)  # a plain Tensor even for a Parameter, as in PyTorch
+        t.grad = Tensor(owned)  # a plain Tensor even for a Parameter, as in PyTorch; on g's device, t's
         memory.track(owned, "gradients")
     else:
         t.grad.data += g
     seen[id(g)] = weakref.ref(g)
+    for hook in list(t._post_accumulate_grad_hooks or ()):  # Tensor.register_post_accumulate_grad_hook
+        hook(t)
 
 
 def _placed(g, seen):

@@ -178,14 +178,14 @@ def cut(state, layout):
         raise CheckpointFileError(f"the checkpoint's optimizer state is for {len(state['steps'])} parameters of "
                                   f"other shapes than this model's {len(shapes)}; resume with the model it was written from")
     steps, arrays = [], {key: [] for key in state["state"]}
-    for flat, members, S in layout.groups:
+    for (_, members, S), shard in zip(layout.groups, layout.shards):
         counts = {state["steps"][i] for i in members}
         if len(counts) != 1:
             raise CheckpointFileError(f"the checkpoint's parameters {members} took {sorted(counts)} optimizer steps; "
                                       "a ZeRO run steps them together, so it cannot resume this state")
         steps.append(counts.pop())
         for key, values in state["state"].items():
-            whole = numpy.zeros(S * layout.world_size, dtype=flat.dtype)
+            whole = numpy.zeros(S * layout.world_size, dtype=shard.dtype)
             for i, view in zip(members, layout.views(whole, members)):
                 view[...] = values[i]
             arrays[key].append(whole[layout.rank * S : (layout.rank + 1) * S])
