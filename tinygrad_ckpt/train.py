@@ -419,8 +419,15 @@ class Trainer:
                     f"gradient_checkpointing=True, but {type(model).__name__} does not support it "
                     "(it has no gradient_checkpointing_enable() method)"
                 )
+            kwargs = dict(args.gradient_checkpointing_kwargs or {})
+            if args.zero_stage == 3 and distributed is not None:  # the recompute must call the blocks (zero.py)
+                if kwargs.get("policy") is not None or kwargs.get("split_blocks"):
+                    raise ValueError("zero_stage=3 gathers each block's parameters when the block is called, so "
+                                     "its checkpointing recomputes whole blocks, calling them again: drop "
+                                     "gradient_checkpointing_kwargs' policy and split_blocks")
+                kwargs["early_stop"] = False
             try:
-                model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
+                model.gradient_checkpointing_enable(**kwargs)
             except TypeError as e:  # a value the model cannot take: the user's arguments, not a bug
                 raise ValueError(f"gradient_checkpointing_kwargs {args.gradient_checkpointing_kwargs}: {e}") from None
         self.zero = args.zero_stage if distributed is not None else 0  # one process has nothing to shard

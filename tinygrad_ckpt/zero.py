@@ -78,14 +78,14 @@ class Unfetched(backend.ReadsRefused):
     fail only at the loss's .item(), far from the parameter.
     """
 
-    __slots__ = ("shape", "dtype", "name")
+    __slots__ = ("shape", "dtype", "device", "name")
 
-    def __init__(self, shape, dtype, name=None):
-        self.shape, self.dtype, self.name = tuple(shape), dtype, name
+    def __init__(self, shape, dtype, device, name=None):
+        self.shape, self.dtype, self.device, self.name = tuple(shape), dtype, device, name
 
     size = property(lambda self: int(numpy.prod(self.shape, dtype=numpy.int64)))
     ndim = property(lambda self: len(self.shape))
-    nbytes = 0  # it holds nothing
+    nbytes, base = 0, None  # it holds nothing, and is no view
 
     def refusal(self, what):
         name = f"{self.name!r}" if self.name else f"of shape {self.shape}"
@@ -184,7 +184,7 @@ class FlatShards:
         else holds it (a record that saved a view of it keeps it: checkpointing's recompute does)."""
         for i in self.groups[g][1]:
             p = self.parameters[i]
-            p.data = Unfetched(p.shape, p.dtype, self.names.get(id(p)))
+            p.data = Unfetched(p.shape, p.dtype, backend.device_of(self.shards[g].data), self.names.get(id(p)))
         self.gathered[g] = None
 
     def views(self, flat, members):
