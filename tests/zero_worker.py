@@ -1,8 +1,9 @@
 """What each process runs when tests/test_zero.py starts `mpiexec -n N python tests/zero_worker.py OUT`.
 
 Not a test file (pytest does not collect it). For each case and each ZeRO
-stage (0: plain data parallelism, 1, 2), one Trainer run; each rank writes
-`zero_rank<r>.json` into OUT: its parameters, losses, its shards' AdamW
+stage (0: plain data parallelism, 1, 2, 3), one Trainer run; each rank writes
+`zero_rank<r>.json` into OUT: its parameters (at stage 3 gathered after
+every step: all ranks must hold the same), losses, its shards' AdamW
 moments, the padding, and its bytes by category when training ended. The
 test compares them with a single-process run it does itself.
 """
@@ -32,7 +33,7 @@ CASES = [
     ("fp16", dict(optim="sgd", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=6, fp16=True),
      numpy.float32),
 ]
-STAGES = (0, 1, 2)
+STAGES = (0, 1, 2, 3)
 N_EXAMPLES = 40
 
 
@@ -46,20 +47,36 @@ def run(parallel, overrides, dtype, stage):
     model = gpt(dtype, seed=parallel.rank)  # every rank starts elsewhere: the broadcast must fix that
     trainer = Trainer(model, training_args(zero_stage=stage, **overrides), dataset(N_EXAMPLES), distributed=parallel)
     calls, micro_batches, accumulate = dict(parallel.comm.calls), [], trainer.accumulator.accumulate
+    sent = dict(parallel.comm.bytes_sent)
     trainer.accumulator.accumulate = lambda *a, **k: micro_batches.append(1) or accumulate(*a, **k)
+    steps = []  # stage 3: every step's parameters, gathered, on every rank
+    if stage == 3:
+        step = trainer._optimizer_step
+        trainer._optimizer_step = lambda *a: (lambda out: steps.append(gathered(trainer, model)) or out)(step(*a))
     history = trainer.train()
+    calls = {k: parallel.comm.calls[k] - calls.get(k, 0) for k in parallel.comm.calls}
+    sent = {k: parallel.comm.bytes_sent[k] - sent[k] for k in sent}
     parallel.check_in_sync()
     opt = trainer.optimizer
     return {
-        "params": [p.numpy().astype(numpy.float64).tolist() for p in model.parameters()],
+        "params": gathered(trainer, model),
+        "steps": steps,
+        "groups": [members for _, members, _ in trainer.accumulator.layout.groups] if stage else [],
+        "sent": sent,
         "losses": [e["loss"] for e in history if "loss" in e],
         "moments": [[a.astype(numpy.float64).tolist() for a in getattr(opt, name, [])] for name in ("exp_avg", "exp_avg_sq")],
         "padding": [p.astype(numpy.float64).tolist() for p in trainer.accumulator.layout.padding()] if stage else [],
         "bytes": dict(memory.current()),
-        "calls": {k: parallel.comm.calls[k] - calls.get(k, 0) for k in parallel.comm.calls},
+        "calls": calls,
         "shard_sizes": [S for _, _, S in trainer.accumulator.layout.groups] if stage else [],
         "micro_batches": len(micro_batches),
     }
+
+
+def gathered(trainer, model):
+    """The parameters as lists (at stage 3 gathered: every rank all-gathers them together)."""
+    with trainer.gathered():
+        return [p.numpy().astype(numpy.float64).tolist() for p in model.parameters()]
 
 
 def main(out):

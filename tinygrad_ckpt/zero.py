@@ -197,8 +197,11 @@ class FlatShards:
         return views
 
     def padding(self):
-        """Each group's padding: the elements past the last parameter (zeros, always)."""
-        return [flat[sum(self.parameters[i].data.size for i in members):] for flat, members, _ in self.groups]
+        """Each group's padding: the elements past the last parameter (zeros, always); at stage 3, the part of
+        it in this rank's shard (the shard is all that is kept)."""
+        used = [sum(self.parameters[i].data.size for i in members) for _, members, _ in self.groups]
+        return [flat[n:] if flat is not None else shard.data[max(0, n - self.rank * S):]
+                for (flat, _, S), shard, n in zip(self.groups, self.shards, used)]
 
 
 def stage3_units(model):
