@@ -109,6 +109,12 @@ class Unfetched(backend.ReadsRefused):
     def __array_function__(self, *args, **kwargs):
         raise self.refusal("a NumPy function")
 
+    def _arithmetic(self, *args):
+        raise self.refusal("arithmetic")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _arithmetic
+    __matmul__ = __rmatmul__ = __pow__ = __neg__ = __iadd__ = __isub__ = __imul__ = __itruediv__ = _arithmetic
+
     def __getitem__(self, index):
         raise self.refusal("indexing")
 
