@@ -370,7 +370,8 @@ class ShardedAccumulator(GradientAccumulator):
             for g, (_, members, _) in enumerate(shards.groups):
                 starts = numpy.cumsum([0] + [self.parameters[i].data.size for i in members])
                 for i, start in zip(members, starts):
-                    hook = (lambda p, g=g, start=int(start): self.reduce_gradient_(p, g, start))
+                    def hook(p, g=g, start=int(start)):
+                        self.reduce_gradient_(p, g, start)
                     self.handles.append(self.parameters[i].register_post_accumulate_grad_hook(hook))
         self.summed = [None] * len(self.flats)  # stage 1: this rank's shard of the sum, after reduce_scatter_
         self.items, self.micro_batches, self.sync_gradients, self.written = 0, 0, False, False
