@@ -78,7 +78,7 @@ class Unfetched(backend.ReadsRefused):
     fail only at the loss's .item(), far from the parameter.
     """
 
-    __slots__ = ("shape", "dtype", "device", "name")
+    __slots__ = ("shape", "dtype", "device", "name", "__weakref__")
 
     def __init__(self, shape, dtype, device, name=None):
         self.shape, self.dtype, self.device, self.name = tuple(shape), dtype, device, name
