@@ -105,10 +105,8 @@ def worker(model, training, stages, out):
         trainer = Trainer(gpt, TrainingArguments(zero_stage=stage, **training),
                           CharDataset(ids, block_size=model["block_size"]), distributed=parallel, callbacks=[times])
         largest, seen = max(p.data.size for p in gpt.parameters()), []  # stage 3's backward moment, seen at stage 0
-        if stage == 0:
-            for p in gpt.parameters():
-                if p.data.size == largest:
-                    p.register_post_accumulate_grad_hook(lambda p: seen.append(dict(memory.current())))
+        [p.register_post_accumulate_grad_hook(lambda p: seen.append(dict(memory.current())))
+         for p in gpt.parameters() if p.data.size == largest and stage == 0]  # (no loop name left to keep a parameter)
         trainer.train()
         steps = trainer.state.global_step
         peak, by = memory.peak()

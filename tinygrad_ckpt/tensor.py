@@ -243,11 +243,11 @@ class Tensor:
     def register_post_accumulate_grad_hook(self, hook):
         """Call hook(tensor) after a gradient has been added into this leaf's .grad; returns a handle (remove()).
 
-        PyTorch's name (torch/_tensor.py, 2.x), with one difference said
-        plainly: PyTorch sums all of a backward's contributions to the leaf
-        first and calls the hook once; here a leaf without gradient hooks gets
-        each contribution added as the walk reaches it (tape.py), and the hook
-        runs after each. The hook may read and change .grad (set it to None:
+        PyTorch's name (torch/_tensor.py, 2.13), with one difference said
+        plainly: PyTorch calls the hook "after all gradients for a tensor have
+        been accumulated", once a backward; here a leaf without gradient hooks
+        gets each contribution added as the walk reaches it (tape.py), and the
+        hook runs after each (a tied weight's: twice). The hook may read and change .grad (set it to None:
         ZeRO stage 3 sends it away, zero.py).
         """
         if self._node is not None or not self.requires_grad:

@@ -8,9 +8,9 @@ copies. ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
 Training Trillion Parameter Models", section 5) keeps one copy across the
 ranks instead, each rank owning a shard. Stage 1 shards the optimizer state;
 stage 2 the gradients too (here: the accumulation buffers, where the
-gradients are summed); stage 3 would shard the parameters as well, and is
-not built yet. The names are DeepSpeed's (`zero_optimization.stage` in its
-configuration: TrainingArguments.zero_stage here).
+gradients are summed); stage 3 the parameters as well. The names are
+DeepSpeed's (`zero_optimization.stage` in its configuration:
+TrainingArguments.zero_stage here).
 
 The layout. The trainable parameters of each dtype become views into one flat
 array, padded with zeros to N equal shards of S = ceil(P / N) elements; rank
@@ -50,6 +50,39 @@ elements a rank. DeepSpeed reduces in buckets during the backward, freeing
 each gradient as it goes; here the leaf gradients come out of the backward
 whole, and the chunks are the buckets. The price, with accumulation: the
 gradients are sent every micro-batch instead of once a step.
+
+Stage 3: each rank keeps only its shard of the parameters. The groups are
+one per (unit, dtype): a unit is each item of each ModuleList or Sequential
+(GPT's blocks), and the root with the rest (embeddings, final norm, head),
+as FSDP wraps each block and then the root (stage3_units). FlatShards keeps
+each group's S elements of this rank and nothing more; every parameter's
+.data is an Unfetched (shape and dtype, no values: any read raises) except
+while its unit is gathered. Per micro-batch (Stage3Hooks, ShardedAccumulator):
+
+  forward         a unit's forward pre-hook all-gathers its groups (N S
+                  elements each) and points its parameters at views of them;
+                  its forward hook frees them. The root's stays gathered for
+                  the whole forward. An op's saved weight is packed into a
+                  small handle (saved_tensors_hooks), not kept.
+  backward        the first unpack of a unit's handle all-gathers it again,
+                  kept until its last handle is unpacked. With checkpointing,
+                  the checkpoint's own hooks drop what a segment saves; its
+                  recompute calls the blocks again (the plain path:
+                  early_stop=False, set by the Trainer), whose pre-hooks gather.
+  gradients       a post-accumulate-grad hook on each parameter reduces the
+                  gradient's slices to their owners the moment backward adds
+                  it, and sets .grad = None: one parameter's gradient at a time.
+  step            as stage 2 (write_grads, total_norm, the optimizer on the
+                  shards), and no all-gather: the shards are the parameters;
+                  the next forward gathers.
+
+So a micro-batch sends 3 P elements (all-gather in forward, in backward,
+the reductions: the paper's 3 Psi), with checkpointing no more (the
+recompute's gather replaces the backward's), and a tied weight's gradient
+once for each use. Evaluation, sampling and saving read the whole model:
+GatheredParameters gathers every unit (a rank whose micro-batch is empty at
+an epoch's end still runs one example with its loss times 0, to gather and
+reduce with the others: train.py).
 
 What ZeRO does not shard: activations (checkpointing is for those), frozen
 parameters and buffers (BatchNorm's statistics), and, in stages 1 and 2, the

@@ -9,7 +9,12 @@
 
 ("Checkpoint" as in resume.py: a file of a saved run.) Stages 1 and 2 shard
 the optimizer state only; every process holds all the parameters, so
-process 0 writes them once, in the manifest.
+process 0 writes them once, in the manifest. Stage 3 too: the processes
+gather the parameters for the save (zero.GatheredParameters, one all-gather
+of the model) and process 0 writes them whole, so the manifest's model is
+the single process's, and consolidating or resuming on another N (the
+parameters loaded whole, each process keeping its shard) needs nothing of
+its own; the price is that rank 0 holds the whole model while it saves.
 
 Writing (`save_shard`, on every process): each writes its shard atomically,
 then they exchange the files' hashes, and process 0 writes the manifest
