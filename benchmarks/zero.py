@@ -161,7 +161,7 @@ def predict(stage, P, n, backward, tokens, largest_gradient=None, model=MODEL):
     backward: one process's gradients, activations and other at its peak; tokens: 8 B T, the token ids;
     largest_gradient: one process's bytes when backward makes the largest parameter's gradient (stage 3)."""
     S, base = -(-P // n), dict.fromkeys(memory.CATEGORIES, 0)
-    moments = [{**backward}]
+    moments = [{**backward}] if stage < 3 else []  # stage 3 makes one parameter's gradient at a time: its own moments
     if stage == 1:
         moments.append(dict(gradients=4 * S, other=4 * S + tokens))
     if stage == 2:
@@ -203,9 +203,17 @@ def main():
                   f"{sent['reduce_scatter'] / 2**20:.3f} | {sent['reduce'] / 2**20:.3f} | "
                   f"{sent['all_gather_arrays'] / 2**20:.3f} | "
                   f"{got['step_seconds'] * 1e3:.0f} ms |")
+    for n in RANKS[1:]:  # stage 3 with checkpointing: each block's recompute gathers it again
+        got = launch(n, (3,), MODEL, {**TRAINING, "gradient_checkpointing": True})[0][3]
+        sent = got["sent_per_step"]
+        print(f"stage 3 with gradient checkpointing, N = {n}: peak {got['peak'] / 2**20:.3f} MiB (activations "
+              f"{got['bytes']['activations'] / 2**20:.3f}); per step reduce {sent['reduce'] / 2**20:.3f}, all-gather "
+              f"{sent['all_gather_arrays'] / 2**20:.3f} MiB; step {got['step_seconds'] * 1e3:.0f} ms")
     print(f"MiB. The all-reduce column counts the array once (Communicator.bytes_all_reduced); a ring all-reduce "
           f"moves it twice, a reduce-scatter then an all-gather: 2 Psi = {2 * 4 * P / 2**20:.3f} MiB, what stage 1 "
-          f"sends; stage 2 reduces each micro-batch, N chunks of S. {time.perf_counter() - start:.0f} s")
+          f"sends; stage 2 reduces each micro-batch, N chunks of S; stage 3 all-gathers every unit twice a "
+          f"micro-batch (forward, backward) and reduces each gradient as it is made: 3 Psi a micro-batch, with "
+          f"checkpointing too (the recompute's gather replaces the backward's). {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":
