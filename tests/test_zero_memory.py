@@ -126,9 +126,13 @@ def test_each_ranks_peak_by_category_is_the_formula_plus_the_stated_remainders(n
 
 
 @needs_mpi
-def test_train_under_mpiexec_prints_each_processs_peak_and_its_shards():
+@pytest.mark.parametrize("stage", (2, 3))
+def test_train_under_mpiexec_prints_each_processs_peak_and_its_shards(stage):
     """`mpiexec -n 3 tinygrad-ckpt train --zero-stage 2`: one line per process, its categories adding up to its
-    peak, its accumulation buffers and AdamW state the 4 S and 8 S bytes of its shard (S = ceil(Psi / 3))."""
+    peak, its accumulation buffers and AdamW state the 4 S and 8 S bytes of its shard (S = ceil(Psi / 3)).
+    Stage 3: S' = ceil(Psi_root / 3) + ceil(Psi_block / 3) (one block), and the parameters its shards plus
+    the units gathered at the peak: none, the root, the block, or both (the root stays gathered for the
+    whole forward), never more."""
     import os
     import re
     import subprocess
@@ -138,19 +142,27 @@ def test_train_under_mpiexec_prints_each_processs_peak_and_its_shards():
 
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OPENBLAS_NUM_THREADS": "1"}
-    run = subprocess.run([find_mpiexec(), "-n", "3", sys.executable, "-m", "tinygrad_ckpt", "train", "--zero-stage", "2",
+    run = subprocess.run([find_mpiexec(), "-n", "3", sys.executable, "-m", "tinygrad_ckpt", "train", "--zero-stage", str(stage),
                           "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--max-steps", "2",
                           "--val-fraction", "0", "--sample-chars", "0", "--disable-tqdm"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     P = int(re.search(r"([\d,]+) parameters", run.stdout).group(1).replace(",", ""))
     S = -(-P // 3)
+    V, C, T = int(re.search(r"vocabulary (\d+)", run.stdout).group(1)), 16, 16
+    root = V * C + T * C + 2 * C  # wte, wpe, ln_f
+    S_root, S_block = -(-root // 3), -(-(P - root) // 3)
     lines = re.findall(r"^peak memory of process (\d): .* \(([\d,]+) bytes\) = (.*)$", run.stdout, re.M)
     assert [int(rank) for rank, _, _ in lines] == [0, 1, 2]
     for _, peak, categories in lines:
         by = {name: int(value.replace(",", "")) for name, value in (c.rsplit(" ", 1) for c in categories.split(", "))}
         assert list(by) == list(memory.CATEGORIES) and sum(by.values()) == int(peak.replace(",", ""))
-        assert (by["parameters"], by["accumulation"], by["optimizer"]) == (4 * 3 * S, 4 * S, 8 * S)
+        if stage == 2:
+            assert (by["parameters"], by["accumulation"], by["optimizer"]) == (4 * 3 * S, 4 * S, 8 * S)
+        else:
+            S3 = S_root + S_block
+            assert (by["accumulation"], by["optimizer"]) == (4 * S3, 8 * S3)
+            assert by["parameters"] - 4 * S3 in {0, 4 * 3 * S_root, 4 * 3 * S_block, 4 * 3 * (S_root + S_block)}
 
 
 @needs_mpi
