@@ -30,7 +30,7 @@ from .test_distributed import find_mpiexec, needs_mpi
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mpi_worker import dataset, training_args  # noqa: E402
-from zero_worker import CASES, N_EXAMPLES, STAGES, gpt  # noqa: E402
+from zero_worker import CASES, FROZEN, N_EXAMPLES, STAGES, gpt  # noqa: E402
 
 WORKER = Path(__file__).with_name("zero_worker.py")
 TIMEOUT = 300
@@ -59,11 +59,11 @@ def launched(tmp_path_factory):
     return get
 
 
-def single_process(overrides, dtype, n):
+def single_process(overrides, dtype, n, frozen=False):
     """One process reading the whole effective batch (B x G x N) in one micro-batch."""
     overrides = dict(overrides)
     B, G = overrides.pop("per_device_train_batch_size"), overrides.pop("gradient_accumulation_steps")
-    trainer = Trainer(gpt(dtype), training_args(per_device_train_batch_size=B * G * n, gradient_accumulation_steps=1,
+    trainer = Trainer(gpt(dtype, frozen=frozen), training_args(per_device_train_batch_size=B * G * n, gradient_accumulation_steps=1,
                                                 **overrides), dataset(N_EXAMPLES))
     history = trainer.train()
     return trainer, [e["loss"] for e in history if "loss" in e]
@@ -81,8 +81,14 @@ def flat_padded(arrays, n):
 @pytest.mark.parametrize("case", [c for c in CASES if c[2] == numpy.float64], ids=lambda c: c[0])
 def test_every_stage_takes_the_single_process_steps_in_float64(launched, case, n):
     name, overrides, dtype = case
-    reference, losses = single_process(overrides, dtype, n)
+    reference, losses = single_process(overrides, dtype, n, frozen=name == "frozen")
     want = [p.numpy() for p in reference.model.parameters()]
+    trained = [p.numpy() for p in reference.optimizer.params]  # the layouts' parameters: the frozen ones left out
+    if name == "frozen":
+        untouched = [p.numpy() for p in gpt(dtype, frozen=True).parameters()]
+        assert len(trained) == len(want) - 2 and all(
+            numpy.array_equal(w, u) for (pname, _), w, u in zip(reference.model.named_parameters(), want, untouched)
+            if pname in FROZEN)
     for stage in STAGES:
         ranks = [r[f"{name}_{stage}"] for r in launched(n)]
         for rank in ranks:
@@ -101,8 +107,8 @@ def test_every_stage_takes_the_single_process_steps_in_float64(launched, case, n
                                                       err_msg=f"stage {stage}, rank {r}, group {g}, moment {state + 1}")
         if stage:
             assert all(not any(numpy.any(numpy.array(p)) for p in r["padding"]) for r in ranks)
-            assert ranks[0]["shard_sizes"] == [-(-sum(want[i].size for i in members) // n) for members in groups]
-            assert sorted(i for members in groups for i in members) == list(range(len(want)))
+            assert ranks[0]["shard_sizes"] == [-(-sum(trained[i].size for i in members) // n) for members in groups]
+            assert sorted(i for members in groups for i in members) == list(range(len(trained)))
         if stage in (1, 2):
             assert len(groups) == 1
         elif stage == 3:  # one group a unit: each block, and the root's embeddings, final norm and head

@@ -32,19 +32,26 @@ CASES = [
                   gradient_checkpointing=True), numpy.float32),
     ("fp16", dict(optim="sgd", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=6, fp16=True),
      numpy.float32),
+    ("frozen", dict(optim="sgd", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3),
+     numpy.float64),  # FROZEN stay as they were: in the root and in a block
 ]
+FROZEN = ("wpe.weight", "blocks.0.ln_1.weight")
 STAGES = (0, 1, 2, 3)
 N_EXAMPLES = 40
 
 
-def gpt(dtype, seed=0):
-    """A small GPT of 3,421 parameters (no number of ranks from 2 to 4 divides it: every shard layout is padded)."""
+def gpt(dtype, seed=0, frozen=False):
+    """A small GPT of 3,421 parameters (no number of ranks from 2 to 4 divides it: every shard layout is padded);
+    frozen: FROZEN do not require grad."""
     config = GPTConfig(block_size=T, vocab_size=V, n_layer=2, n_head=1, n_embd=11, dropout=0.0)
-    return GPT(config, rng=numpy.random.default_rng(seed), dtype=dtype)
+    model = GPT(config, rng=numpy.random.default_rng(seed), dtype=dtype)
+    for name, p in model.named_parameters():
+        p.requires_grad = not (frozen and name in FROZEN)
+    return model
 
 
-def run(parallel, overrides, dtype, stage):
-    model = gpt(dtype, seed=parallel.rank)  # every rank starts elsewhere: the broadcast must fix that
+def run(parallel, name, overrides, dtype, stage):
+    model = gpt(dtype, seed=parallel.rank, frozen=name == "frozen")  # every rank starts elsewhere: the broadcast fixes it
     trainer = Trainer(model, training_args(zero_stage=stage, **overrides), dataset(N_EXAMPLES), distributed=parallel)
     calls, micro_batches, accumulate = dict(parallel.comm.calls), [], trainer.accumulator.accumulate
     sent = dict(parallel.comm.bytes_sent)
@@ -86,7 +93,7 @@ def main(out):
         for stage in STAGES:
             import gc
             gc.collect()
-            results[f"{name}_{stage}"] = run(parallel, overrides, dtype, stage)
+            results[f"{name}_{stage}"] = run(parallel, name, overrides, dtype, stage)
     (Path(out) / f"zero_rank{parallel.rank}.json").write_text(json.dumps(results))
 
 

@@ -300,7 +300,7 @@ class DataParallel:
                     f"the {self.world_size} processes (per_device_train_batch_size={B} x {self.world_size} = "
                     f"{B * self.world_size}); use fewer processes, a smaller batch size, or more data"
                 )
-        for _, p in self.named_parameters:  # rank 0's values everywhere (once, so one call per tensor is fine)
+        for p in model.parameters():  # rank 0's values everywhere, frozen ones too (once: one call per tensor is fine)
             self.comm.broadcast_(p.data)
         for _, buf in model.named_buffers():
             self.comm.broadcast_(buf.data)

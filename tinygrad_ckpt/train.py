@@ -431,9 +431,10 @@ class Trainer:
             except TypeError as e:  # a value the model cannot take: the user's arguments, not a bug
                 raise ValueError(f"gradient_checkpointing_kwargs {args.gradient_checkpointing_kwargs}: {e}") from None
         self.zero = args.zero_stage if distributed is not None else 0  # one process has nothing to shard
+        trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones: neither stepped nor sharded
         if self.zero:  # the optimizer steps this process's shards; the accumulator sums into them (zero.py)
             units = stage3_units(model) if self.zero == 3 else None  # stage 3: the blocks and the root
-            shards = FlatShards(model.parameters(), distributed.rank, distributed.world_size,
+            shards = FlatShards(trainable, distributed.rank, distributed.world_size,
                                 units=units and [params for _, params in units], comm=distributed.comm,
                                 names={id(p): name for name, p in model.named_parameters()})
             self.stage3 = Stage3Hooks(model, units, shards) if units else None
@@ -442,7 +443,7 @@ class Trainer:
                                                   args.gradient_accumulation_steps, dtype=args.accumulation_dtype)
             self.scaler = ShardedGradScaler(distributed.comm, enabled=args.fp16)
         else:
-            self.optimizer = create_optimizer(model.parameters(), args)
+            self.optimizer = create_optimizer(trainable, args)
             self.accumulator = GradientAccumulator(
                 self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
             )

@@ -249,7 +249,9 @@ def stage3_units(model):
     FSDP's wrap-by-block: PyTorch 2.13's torch.distributed.fsdp.fully_shard
     applied to each transformer block and then to the root, whose own group
     holds what no block holds (embeddings, final norm, head). A parameter
-    goes to the innermost unit holding it; a unit with none is left out.
+    goes to the innermost unit holding it; only trainable parameters are
+    sharded (a frozen one stays whole on every process); a unit with none
+    is left out.
     """
     from .nn.layers import ModuleList  # Sequential is one
 
@@ -257,7 +259,8 @@ def stage3_units(model):
     owner = {}
     for u, module in enumerate(modules):  # outer before inner (modules() walks depth first): inner wins
         for p in module.parameters():
-            owner[id(p)] = u
+            if p.requires_grad:
+                owner[id(p)] = u
     units = [(module, [p for p in module.parameters() if owner.get(id(p)) == u]) for u, module in enumerate(modules)]
     return [(module, params) for module, params in units[1:] + units[:1] if params]
 
