@@ -36,6 +36,10 @@ CASES = [
      numpy.float64),  # FROZEN stay as they were: in the root and in a block
 ]
 FROZEN = ("wpe.weight", "blocks.0.ln_1.weight")
+# epoch_end: on 3 processes the epoch's last micro-batch is 1 example: 2 ranks have none, and at stage 3 still run one
+# example (its loss times 0) to gather and reduce with the rank that has it
+CASES.append(("epoch_end", dict(optim="sgd", per_device_train_batch_size=1, gradient_accumulation_steps=2, max_steps=7),
+              numpy.float64))
 STAGES = (0, 1, 2, 3)
 N_EXAMPLES = 40
 
