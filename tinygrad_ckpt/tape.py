@@ -546,7 +546,7 @@ def _accumulate(t, g, seen):
         owned = g if (g.base is None and not _placed(g, seen)) else g.copy()
         from .tensor import Tensor  # imported here: tensor.py imports this module
 
-        t.grad = Tensor(owned)  # a plain Tensor even for a Parameter, as in PyTorch; on g's device, t's
+        t.grad = Tensor(owned, device=t.device)  # a plain Tensor even for a Parameter, as in PyTorch
         memory.track(owned, "gradients")
     else:
         t.grad.data += g
