@@ -175,3 +175,16 @@ def test_each_rank_keeps_only_its_shard_and_gathered_parameters_are_the_model_wi
         mine = [i for i in range(layout.groups[0][2]) if rank * layout.groups[0][2] + i < p.data.size]
         assert all(p.data.reshape(-1)[rank * layout.groups[0][2] + i] == 7.0 for i in mine)
     assert all(not numpy.any(pad) for pad in layout.padding())
+
+
+def test_stage_3_refuses_checkpointing_that_would_not_call_the_blocks_again():
+    """Its recompute must call each block (the pre-hook gathers it): a policy replays recorded ops, and
+    split_blocks runs the halves of a block, which are no modules; both are refused, naming them."""
+    from tinygrad_ckpt.train import Trainer
+
+    from .test_zero import dataset, training_args
+
+    for kwargs in ({"split_blocks": True}, {"policy": "save_matmuls"}):
+        args = training_args(zero_stage=3, gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs)
+        with pytest.raises(ValueError, match="zero_stage=3 gathers each block's parameters when the block is called"):
+            Trainer(tiny_gpt(), args, dataset(8), distributed=object())  # refused before any process is asked
