@@ -517,7 +517,11 @@ def main(argv=None):
         return args.run(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
+        abort_if_running(130)  # under mpiexec, a process interrupted alone would leave the others waiting
         return 130
+    except SystemExit as e:  # sys.exit() in the middle of a run (a callback's): the same, or the others wait forever
+        abort_if_running(e.code if isinstance(e.code, int) and e.code else 1, traceback=True)
+        raise
     except USER_ERRORS as e:  # bad input: say what is wrong in one line, no traceback (unless --debug)
         if args.debug:
             abort_if_running(2, traceback=True)

@@ -265,9 +265,12 @@ class DataParallel:
 
         Compared, in this order, each an error on every rank naming what
         differs and on which rank: the parameters' names, shapes and dtypes,
-        the training arguments, the model's configuration (a dataclass
-        `model.config`, as GPTConfig), the tokenizer (its state_dict), and
-        the training data: its size, and its `fingerprint()` where the
+        the training arguments (ZeRO's stage among them), the model's
+        configuration (a dataclass `model.config`, as GPTConfig), the
+        tokenizer (its state_dict), under ZeRO the shard layout (what it
+        reduce-scatters and all-gathers: a rank that cut it otherwise would
+        exchange the wrong elements, or wait for a message of another size),
+        and the training data: its size, and its `fingerprint()` where the
         data set has one (CharDataset: a CRC-32 of its tokens; a data set
         without one is compared by size only, since reading all of it to
         hash it could take long). Every rank must read the same data the
@@ -288,6 +291,11 @@ class DataParallel:
             self.same_everywhere("the model configuration", sorted(asdict(config).items()))
         if tokenizer is not None:
             self.same_everywhere("the tokenizer", sorted(tokenizer.state_dict().items()))
+        layout = getattr(accumulator, "layout", None)  # ZeRO (zero.py): every rank must cut the flat arrays alike
+        if layout is not None:
+            self.same_everywhere("the ZeRO shard layout (each flat array's dtype, elements P, shard size S)",
+                                 [(str(flat.dtype), sum(layout.parameters[i].data.size for i in members), S)
+                                  for flat, members, S in layout.groups])
         if train_dataset is not None:
             num_examples = len(train_dataset)
             self.same_everywhere("the training data set's size", num_examples)

@@ -1,0 +1,132 @@
+"""Faults under ZeRO (stages 1 and 2), under `mpiexec -n 2` and `-n 3`: a rank that fails ends the whole job,
+and ranks that disagree stop before the first step, saying on what.
+
+A rank that dies in a ZeRO step leaves the others inside a sharded collective
+(a reduce, the reduce-scatter, the all-gather) that will never complete. The
+tests fail the last rank (tests/fault_worker.py) in the middle of a
+micro-batch and between the reduce-scatter and the all-gather, three ways: a
+SIGKILL (no handler runs: mpiexec must notice and end the others), an
+exception (cli.main's abort_if_running) and sys.exit() (the same; before it,
+MPI_Finalize waited for the others, which waited for it, forever). Each run
+is asked for 1000 optimizer steps, so a job that ended early ended because
+of the fault; a hang fails at TIMEOUT.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .mpi_worker import tiny_gpt
+from .test_distributed import find_mpiexec, needs_mpi
+
+WORKER = Path(__file__).with_name("fault_worker.py")
+TIMEOUT = 120  # seconds: a job left waiting fails here instead of blocking CI
+BOUND = 30  # seconds: what "within a bounded time" means here (a fault lands in the first step, after ~2 s)
+ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+       "OMPI_MCA_rmaps_base_oversubscribe": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def mpiexec(*command, n=2):
+    """`mpiexec -n N command...` (or several programs, given as mpiexec's own ':'-separated arguments);
+    (CompletedProcess, seconds it took)."""
+    start = time.perf_counter()
+    try:
+        run = subprocess.run([find_mpiexec(), "-n", str(n), *command], capture_output=True, text=True,
+                             timeout=TIMEOUT, env=ENV)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"mpiexec {' '.join(command)} was still running after {TIMEOUT} s:\n{e.stdout}\n{e.stderr}")
+    return run, time.perf_counter() - start
+
+
+def train_flags(tmp_path):
+    text = tmp_path / "tiny.txt"
+    text.write_text("the cat sat on the mat. " * 60)
+    return ["train", "--data", str(text), "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+            "--disable-tqdm", "--max-steps", "1000", "--per-device-train-batch-size", "2",
+            "--gradient-accumulation-steps", "2", "--logging-steps", "1", "--sample-chars", "0"]
+
+
+# -- a rank that fails ---------------------------------------------------------------------
+WHERE = {"micro_batch": "in the middle of a micro-batch", "between": "between the reduce-scatter and the all-gather"}
+SAYS = {"kill": r"signal 9",  # mpiexec's own report (MPICH: "Killed (signal 9)"; Open MPI: "exited on signal 9")
+        "raise": r"RuntimeError: the last rank failed {where}",
+        "exit": r"SystemExit: 0"}
+CASES = [(n, stage, fault, where) for n in (2,) for stage in (1, 2) for fault in SAYS for where in WHERE]
+CASES += [(3, 1, "kill", "micro_batch"), (3, 2, "exit", "between")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n, stage, fault, where", CASES, ids=lambda v: str(v))
+def test_a_rank_that_fails_in_a_zero_step_ends_the_job_on_every_rank_within_a_bounded_time(tmp_path, n, stage,
+                                                                                           fault, where):
+    run, seconds = mpiexec(sys.executable, str(WORKER), fault, where, *train_flags(tmp_path), "--zero-stage",
+                           str(stage), n=n)
+    output = run.stdout + run.stderr
+    assert f"fault_worker: the last rank fails ({fault}) {WHERE[where]}" in run.stderr, output  # it got there
+    assert run.returncode != 0, output  # not a job that says it succeeded
+    assert re.search(SAYS[fault].format(where=WHERE[where]), output), output  # the message says why
+    assert seconds < BOUND, f"the job took {seconds:.0f} s to end after the fault:\n{output}"
+    assert "time:" not in run.stdout and "step 2/1000" not in run.stdout, output  # rank 0 did not go on
+
+
+# -- ranks that disagree ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def disagreeing(tmp_path_factory):
+    """{N: [each rank's {case: {error, steps, sharded_calls}}]}, the worker started once per N."""
+    results = {}
+
+    def get(n):
+        if n not in results:
+            out = tmp_path_factory.mktemp(f"disagree{n}")
+            run, _ = mpiexec(sys.executable, str(WORKER), "disagree", str(out), n=n)
+            assert run.returncode == 0, run.stdout + run.stderr
+            results[n] = [json.loads((out / f"disagree_rank{r}.json").read_text()) for r in range(n)]
+        return results[n]
+
+    return get
+
+
+def expected(case, stage, n):
+    """The message naming what the last rank (n - 1) has where rank 0 has something else."""
+    last, other = n - 1, 3 - stage
+    P = sum(p.numel() for p in tiny_gpt().parameters())
+    return {
+        "model_size": rf"the model's parameters \(name, shape, dtype\): rank {last} has \('wte.weight', \(11, 24\), "
+                      r"'float64'\) where rank 0 has \('wte.weight', \(11, 16\), 'float64'\)",
+        "zero_stage": rf"the training arguments: rank {last} has \('zero_stage', {other}\) where rank 0 has "
+                      rf"\('zero_stage', {stage}\)",
+        "dtype": rf"the model's parameters \(name, shape, dtype\): rank {last} has \('wte.weight', \(11, 16\), "
+                 r"'float32'\) where rank 0 has \('wte.weight', \(11, 16\), 'float64'\)",
+        "layout": rf"the ZeRO shard layout \(each flat array's dtype, elements P, shard size S\): rank {last} has "
+                  rf"\('float64', {P}, {-(-P // (n + 1))}\) where rank 0 has \('float64', {P}, {-(-P // n)}\)",
+    }[case]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", (2, 3))
+@pytest.mark.parametrize("stage", (1, 2))
+@pytest.mark.parametrize("case", ("model_size", "zero_stage", "dtype", "layout"))
+def test_ranks_that_disagree_under_zero_stop_before_the_first_step_naming_the_difference(disagreeing, n, stage, case):
+    ranks = [r[f"{case}_{stage}"] for r in disagreeing(n)]
+    for rank in ranks:
+        assert rank["error"] is not None, f"{case}: no error was raised"
+        assert re.search("DistributedError: the processes disagree on " + expected(case, stage, n), rank["error"]), \
+            rank["error"]
+        assert rank["steps"] == 0 and rank["sharded_calls"] == 0  # stopped before any step or sharded collective
+    assert all(rank["error"] == ranks[0]["error"] for rank in ranks)  # the same error everywhere: none left waiting
+
+
+@needs_mpi
+def test_train_commands_with_different_zero_stages_stop_before_the_first_step(tmp_path):
+    flags = [sys.executable, "-m", "tinygrad_ckpt", *train_flags(tmp_path)]
+    run, _ = mpiexec(*flags, "--zero-stage", "1", ":", "-n", "1", *flags, "--zero-stage", "2", n=1)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert ("tinygrad-ckpt train: error: the processes disagree on the training arguments: rank 1 has "
+            "('zero_stage', 2) where rank 0 has ('zero_stage', 1)") in run.stderr, run.stderr
+    assert "| loss" not in run.stdout and "peak memory" not in run.stdout, run.stdout  # no step, no summary
