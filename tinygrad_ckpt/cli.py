@@ -195,7 +195,7 @@ def add_train_arguments(parser):
     training.add_argument("--memory-report", metavar="PATH", default=None,
                           help="record the first optimizer step (all its micro-batches) and write the memory "
                                "explorer page there, one self-contained HTML file (needs Plotly: "
-                               "pip install -e \".[report]\")")
+                               "pip install -e \".[report]\"); under mpiexec, each process's step side by side")
     training.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                           help="continue from CHECKPOINT, a file or a directory (default: the newest checkpoint "
                                "in --output-dir that verifies)")

@@ -49,6 +49,12 @@ What each rank does, and when it talks to the others:
                  keep the copies identical bit for bit; a difference means a
                  bug, so it stops the run rather than averaging it away.
 
+A process that fails: one that dies (killed, out of memory) is seen by
+mpiexec, which ends the others; one that raises, or calls sys.exit, in the
+command line ends them all with MPI_Abort (`abort_if_running`, from
+cli.main). Either way no process is left waiting in a collective for a
+message that will never come, ZeRO's sharded ones included.
+
 What it leaves out, on purpose: PyTorch's DistributedDataParallel starts
 all-reducing a bucket while the last backward is still running (overlap); here
 the all-reduce comes after, so the step is easy to see. MPI sends host
@@ -59,7 +65,7 @@ CUDA-aware). With dropout, every rank seeds its generator with the same seed
 whole eval set (the same number), and only rank 0 prints and saves.
 
 What lives here: `DataParallel` (the hooks the Trainer calls), `Communicator`
-(mpi4py's communicator with the three collectives used, each call counted),
+(mpi4py's communicator with the collectives used, each call counted),
 `shard`, `bucket_buffers`, `from_environment` and `abort_if_running` (for the
 command line). This is the only file that imports mpi4py, and only when asked.
 What does not live here: the accumulation buffers and the normalisation
@@ -151,7 +157,7 @@ def bucket_buffers(accumulator):
 
 
 class Communicator:
-    """An MPI communicator with the three collectives data parallelism uses and ZeRO's three, each call counted.
+    """An MPI communicator with the collectives data parallelism uses and ZeRO's three, each call counted.
 
     `calls` counts the calls by kind and `bytes_all_reduced` the bytes summed:
     that is how the tests, and tutorial 8, check that an optimizer step sends
@@ -163,7 +169,7 @@ class Communicator:
         self.comm = self.MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0, "reduce_scatter": 0, "reduce": 0,
-                      "all_gather_arrays": 0}
+                      "all_gather_arrays": 0, "gather": 0}
         self.bytes_all_reduced = 0
         self.bytes_sent = {"reduce_scatter": 0, "reduce": 0, "all_gather_arrays": 0}  # ZeRO's (zero.py): the input's bytes
 
@@ -228,6 +234,11 @@ class Communicator:
         """[value of rank 0, value of rank 1, ...] on every process (small Python values only)."""
         self.calls["all_gather"] += 1
         return self.comm.allgather(value)
+
+    def gather(self, value, root=0):
+        """[value of rank 0, value of rank 1, ...] on process `root`, None on the others (Python values)."""
+        self.calls["gather"] += 1
+        return self.comm.gather(value, root=root)
 
 
 class DataParallel:
