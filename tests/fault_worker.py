@@ -10,7 +10,7 @@ Not a test file (pytest does not collect it). Two modes:
     fault_worker.py FAULT WHERE train ARGS...
         `tinygrad-ckpt train ARGS...` (cli.main), where the last rank fails by
         FAULT (kill: SIGKILL, no handler runs; raise: an exception; exit:
-        sys.exit(0)) at WHERE (micro_batch: in its second forward;
+        sys.exit(0); interrupt: KeyboardInterrupt) at WHERE (micro_batch: in its second forward;
         between: after the reduce-scatter and the optimizer step, as it
         enters the all-gather). The others are then inside a collective.
 """
@@ -78,6 +78,8 @@ def fail(fault, where):
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "exit":
             sys.exit(0)
+        if fault == "interrupt":  # Ctrl-C that reached this process alone
+            raise KeyboardInterrupt
         raise RuntimeError(f"the last rank failed {what}")
 
     if where == "micro_batch":
