@@ -95,18 +95,16 @@ def disagreeing(tmp_path_factory):
 
 
 def expected(case, stage, n):
-    """The message naming what the last rank (n - 1) has where rank 0 has something else."""
-    last, other = n - 1, 3 - stage
+    """(what differs, rank 0's value, the last rank's), as regular expressions."""
     P = sum(p.numel() for p in tiny_gpt().parameters())
     return {
-        "model_size": rf"the model's parameters \(name, shape, dtype\): rank {last} has \('wte.weight', \(11, 24\), "
-                      r"'float64'\) where rank 0 has \('wte.weight', \(11, 16\), 'float64'\)",
-        "zero_stage": rf"the training arguments: rank {last} has \('zero_stage', {other}\) where rank 0 has "
-                      rf"\('zero_stage', {stage}\)",
-        "dtype": rf"the model's parameters \(name, shape, dtype\): rank {last} has \('wte.weight', \(11, 16\), "
-                 r"'float32'\) where rank 0 has \('wte.weight', \(11, 16\), 'float64'\)",
-        "layout": rf"the ZeRO shard layout \(each flat array's dtype, elements P, shard size S\): rank {last} has "
-                  rf"\('float64', {P}, {-(-P // (n + 1))}\) where rank 0 has \('float64', {P}, {-(-P // n)}\)",
+        "model_size": (r"the model's parameters \(name, shape, dtype\)", r"\('wte.weight', \(11, 16\), 'float64'\)",
+                       r"\('wte.weight', \(11, 24\), 'float64'\)"),
+        "zero_stage": ("the training arguments", rf"\('zero_stage', {stage}\)", rf"\('zero_stage', {3 - stage}\)"),
+        "dtype": (r"the model's parameters \(name, shape, dtype\)", r"\('wte.weight', \(11, 16\), 'float64'\)",
+                  r"\('wte.weight', \(11, 16\), 'float32'\)"),
+        "layout": (r"the ZeRO shard layout \(each flat array's dtype, elements P, shard size S\)",
+                   rf"\('float64', {P}, {-(-P // n)}\)", rf"\('float64', {P}, {-(-P // (n + 1))}\)"),  # S = ceil(P / N)
     }[case]
 
 
@@ -115,11 +113,14 @@ def expected(case, stage, n):
 @pytest.mark.parametrize("stage", (1, 2))
 @pytest.mark.parametrize("case", ("model_size", "zero_stage", "dtype", "layout"))
 def test_ranks_that_disagree_under_zero_stop_before_the_first_step_naming_the_difference(disagreeing, n, stage, case):
+    what, first, last = expected(case, stage, n)
+    message = f"DistributedError: the processes disagree on {what}: rank {n - 1} has {last} where rank 0 has {first}"
+    if n > 2:  # and every rank's value
+        message += r" \(rank by rank: " + "".join(f"{r} {first}, " for r in range(n - 1)) + rf"{n - 1} {last}\)"
     ranks = [r[f"{case}_{stage}"] for r in disagreeing(n)]
     for rank in ranks:
         assert rank["error"] is not None, f"{case}: no error was raised"
-        assert re.search("DistributedError: the processes disagree on " + expected(case, stage, n), rank["error"]), \
-            rank["error"]
+        assert re.match(message + "; start every process", rank["error"]), rank["error"]
         assert rank["steps"] == 0 and rank["sharded_calls"] == 0  # stopped before any step or sharded collective
     assert all(rank["error"] == ranks[0]["error"] for rank in ranks)  # the same error everywhere: none left waiting
 

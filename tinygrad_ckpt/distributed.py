@@ -275,7 +275,8 @@ class DataParallel:
         """Check that all ranks agree, give them rank 0's parameters, bucket the accumulation buffers.
 
         Compared, in this order, each an error on every rank naming what
-        differs and on which rank: the parameters' names, shapes and dtypes,
+        differs, on which rank, and (with more than two) every rank's value
+        of it: the parameters' names, shapes and dtypes,
         the training arguments (ZeRO's stage among them), the model's
         configuration (a dataclass `model.config`, as GPTConfig), the
         tokenizer (its state_dict), under ZeRO the shard layout (what it
@@ -343,10 +344,11 @@ class DataParallel:
         values = self.comm.all_gather(value)
         for rank, other in enumerate(values):
             if other != values[0]:
-                theirs, reference = _first_difference(other, values[0])
+                parts = _first_difference(values, rank)
+                every = "" if len(values) == 2 else f" (rank by rank: {', '.join(f'{r} {p}' for r, p in enumerate(parts))})"
                 raise DistributedError(
-                    f"the processes disagree on {what}: rank {rank} has {theirs} where rank 0 has "
-                    f"{reference}; start every process with the same command, model and data"
+                    f"the processes disagree on {what}: rank {rank} has {parts[rank]} where rank 0 has "
+                    f"{parts[0]}{every}; start every process with the same command, model and data"
                 )
 
     # -- every micro-batch -------------------------------------------------------------
@@ -398,14 +400,19 @@ class DataParallel:
                     )
 
 
-def _first_difference(value, reference):
-    """(value's part, reference's part) where two gathered values first differ (lists compared item by item)."""
-    if isinstance(value, list) and isinstance(reference, list):
-        for mine, theirs in zip(value, reference):
-            if mine != theirs:
-                return repr(mine), repr(theirs)
-        return f"{len(value)} entries", f"{len(reference)}"
-    return repr(value), repr(reference)
+def _first_difference(values, rank):
+    """Every rank's part of the gathered `values` where rank `rank`'s first differs from rank 0's.
+
+    Lists are compared entry by entry, and each rank's entry at the first
+    difference is given; other values whole.
+    """
+    value, reference = values[rank], values[0]
+    if not (isinstance(value, list) and isinstance(reference, list)):
+        return [repr(v) for v in values]
+    i = next((i for i, (a, b) in enumerate(zip(value, reference)) if a != b), None)
+    if i is None:  # one is the other and more
+        return [f"{len(v)} entries" for v in values]
+    return [repr(v[i]) if i < len(v) else f"{len(v)} entries" for v in values]
 
 
 # -- for the command line -------------------------------------------------------------
