@@ -272,30 +272,53 @@ class DataParallel:
 
     # -- once, at the start ---------------------------------------------------------
     def prepare(self, model, accumulator, args=None, train_dataset=None, tokenizer=None):
-        """Check that all ranks agree, give them rank 0's parameters, bucket the accumulation buffers.
+        """Check that all ranks agree (`agree`), give them rank 0's parameters, bucket the accumulation buffers.
 
-        Compared, in this order, each an error on every rank naming what
-        differs, on which rank, and (with more than two) every rank's value
-        of it: the parameters' names, shapes and dtypes,
-        the training arguments (ZeRO's stage among them), the model's
-        configuration (a dataclass `model.config`, as GPTConfig), the
-        tokenizer (its state_dict), under ZeRO the shard layout (what it
-        reduce-scatters and all-gathers: a rank that cut it otherwise would
-        exchange the wrong elements, or wait for a message of another size),
-        and the training data: its size, and its `fingerprint()` where the
-        data set has one (CharDataset: a CRC-32 of its tokens; a data set
-        without one is compared by size only, since reading all of it to
-        hash it could take long). Every rank must read the same data the
-        same way, or their shares would overlap or miss examples; so the
-        data set must also hold at least one micro-batch for every rank.
+        The parameters compared are the accumulator's; under ZeRO the shard
+        layout is compared too (what it reduce-scatters and all-gathers: a
+        rank that cut it otherwise would exchange the wrong elements, or wait
+        for a message of another size).
         """
         names = {id(p): name for name, p in model.named_parameters()}
         missing = [i for i, p in enumerate(accumulator.parameters) if id(p) not in names]
         if missing:
             raise ValueError(f"the accumulator holds {len(missing)} parameter(s) that are not the model's")
         self.named_parameters = [(names[id(p)], p) for p in accumulator.parameters]
+        self.agree(model, args, train_dataset, tokenizer, self.named_parameters)
+        layout = getattr(accumulator, "layout", None)  # ZeRO (zero.py): every rank must cut the flat arrays alike
+        if layout is not None:
+            self.same_everywhere("the ZeRO shard layout (each flat array's dtype, elements P, shard size S)",
+                                 [(str(shard.dtype), sum(layout.parameters[i].data.size for i in members), S)
+                                  for (_, members, S), shard in zip(layout.groups, layout.shards)])
+        for _, p in self.named_parameters:  # rank 0's values everywhere (once, so one call per tensor is fine)
+            self.comm.broadcast_(p.data)
+        for _, buf in model.named_buffers():
+            self.comm.broadcast_(buf.data)
+        # ZeRO's accumulator (zero.py) has its flat arrays already, padded to equal shards
+        self.flat_buffers = accumulator.flats if hasattr(accumulator, "reduce_scatter_") else bucket_buffers(accumulator)
+        return self
+
+    def agree(self, model, args=None, train_dataset=None, tokenizer=None, named_parameters=None):
+        """Raise an error on every rank unless all hold the same model, arguments, tokenizer and data.
+
+        Compared, in this order, each an error on every rank naming what
+        differs, on which rank, and (with more than two) every rank's value
+        of it: the parameters' names, shapes and dtypes (`named_parameters`,
+        default the model's), the training arguments (ZeRO's stage among
+        them), the model's configuration (a dataclass `model.config`, as
+        GPTConfig), the tokenizer (its state_dict), and the training data:
+        its size, and its `fingerprint()` where the data set has one
+        (CharDataset: a CRC-32 of its tokens; a data set without one is
+        compared by size only, since reading all of it to hash it could take
+        long). Every rank must read the same data the same way, or their
+        shares would overlap or miss examples; so the data set must also hold
+        at least one micro-batch for every rank. Only small values are sent,
+        so call it before anything whose size each rank computes from its own
+        model (`prepare` does).
+        """
         self.same_everywhere("the model's parameters (name, shape, dtype)",
-                             [(name, tuple(p.shape), str(p.dtype)) for name, p in self.named_parameters])
+                             [(name, tuple(p.shape), str(p.dtype)) for name, p in
+                              (model.named_parameters() if named_parameters is None else named_parameters)])
         if args is not None:
             self.same_everywhere("the training arguments", sorted(asdict(args).items()))
         config = getattr(model, "config", None)
@@ -303,11 +326,6 @@ class DataParallel:
             self.same_everywhere("the model configuration", sorted(asdict(config).items()))
         if tokenizer is not None:
             self.same_everywhere("the tokenizer", sorted(tokenizer.state_dict().items()))
-        layout = getattr(accumulator, "layout", None)  # ZeRO (zero.py): every rank must cut the flat arrays alike
-        if layout is not None:
-            self.same_everywhere("the ZeRO shard layout (each flat array's dtype, elements P, shard size S)",
-                                 [(str(flat.dtype), sum(layout.parameters[i].data.size for i in members), S)
-                                  for flat, members, S in layout.groups])
         if train_dataset is not None:
             num_examples = len(train_dataset)
             self.same_everywhere("the training data set's size", num_examples)
@@ -320,13 +338,6 @@ class DataParallel:
                     f"the {self.world_size} processes (per_device_train_batch_size={B} x {self.world_size} = "
                     f"{B * self.world_size}); use fewer processes, a smaller batch size, or more data"
                 )
-        for _, p in self.named_parameters:  # rank 0's values everywhere (once, so one call per tensor is fine)
-            self.comm.broadcast_(p.data)
-        for _, buf in model.named_buffers():
-            self.comm.broadcast_(buf.data)
-        # ZeRO's accumulator (zero.py) has its flat arrays already, padded to equal shards
-        self.flat_buffers = accumulator.flats if hasattr(accumulator, "reduce_scatter_") else bucket_buffers(accumulator)
-        return self
 
     def raise_if_any(self, error):
         """Raise DistributedError on every rank if any rank passes an exception; `error` is None where all is well.
