@@ -22,6 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinygrad_ckpt import distributed
 
 from .mpi_worker import tiny_gpt
 from .test_distributed import find_mpiexec, needs_mpi
@@ -133,3 +137,39 @@ def test_train_commands_with_different_zero_stages_stop_before_the_first_step(tm
     assert ("tinygrad-ckpt train: error: the processes disagree on the training arguments: rank 1 has "
             "('zero_stage', 2) where rank 0 has ('zero_stage', 1)") in run.stderr, run.stderr
     assert "| loss" not in run.stdout and "peak memory" not in run.stdout, run.stdout  # no step, no summary
+
+
+# -- the message, without MPI ----------------------------------------------------------------------
+class Gathered(distributed.Communicator):
+    """A communicator whose all_gather returns what `values` says the N ranks sent (no MPI)."""
+
+    def __init__(self, values):
+        self.values, self.rank, self.size = values, 0, len(values)
+
+    def all_gather(self, value):
+        return self.values
+
+
+@given(st.lists(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 2)), max_size=3), min_size=2, max_size=5))
+def test_the_message_names_the_first_rank_that_differs_and_with_more_than_two_every_rank_s_value(values):
+    parallel = distributed.DataParallel(comm=Gathered(values))
+    if all(v == values[0] for v in values):
+        parallel.same_everywhere("the thing", values[0])  # all agree: no error
+        return
+    first = next(r for r, v in enumerate(values) if v != values[0])
+    with pytest.raises(distributed.DistributedError) as error:
+        parallel.same_everywhere("the thing", values[0])
+    found = re.match(r"the processes disagree on the thing: rank (\d+) has (.*) where rank 0 has (.*?)"
+                     r"(?: \(rank by rank: (.*)\))?; start every process", str(error.value))
+    assert found and int(found[1]) == first and found[2] != found[3], str(error.value)
+    if len(values) == 2:
+        assert found[4] is None
+    else:  # every rank's part, in rank order; a rank that sent what rank 0 sent has rank 0's
+        listing = found[4]
+        assert listing.startswith(f"0 {found[3]}") and f", {first} {found[2]}" in listing
+        assert listing.endswith(f"{len(values) - 1} {found[2] if values[-1] == values[first] else found[3]}") or \
+            values[-1] not in (values[0], values[first])
+        for r, v in enumerate(values):
+            assert f", {r} " in listing or r == 0
+            if v == values[0]:
+                assert f"{r} {found[3]}" in listing
