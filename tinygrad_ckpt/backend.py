@@ -112,6 +112,8 @@ def device_of(array):
         module = _modules[device]
         if module is not None and isinstance(array, module.ndarray):
             return device
+    if isinstance(array, ReadsRefused) and hasattr(array, "device"):  # no values, a device (zero.Unfetched)
+        return array.device
     raise TypeError(
         f"expected a NumPy or CuPy array, got {type(array).__name__}; "
         "wrap Python values with Tensor(...) first"

@@ -290,7 +290,7 @@ class DataParallel:
             self.same_everywhere("the ZeRO shard layout (each flat array's dtype, elements P, shard size S)",
                                  [(str(shard.dtype), sum(layout.parameters[i].data.size for i in members), S)
                                   for (_, members, S), shard in zip(layout.groups, layout.shards)])
-        for _, p in self.named_parameters:  # rank 0's values everywhere (once, so one call per tensor is fine)
+        for p in model.parameters():  # rank 0's values everywhere, frozen ones too (once: one call per tensor is fine)
             self.comm.broadcast_(p.data)
         for _, buf in model.named_buffers():
             self.comm.broadcast_(buf.data)
@@ -396,11 +396,11 @@ class DataParallel:
         A CRC-32 of each parameter's bytes is gathered from every rank: exact
         (one flipped bit shows) and a few bytes per parameter to send.
         """
-        sums = [zlib.crc32(numpy.ascontiguousarray(backend.to_host(p.data)).view(numpy.uint8))
-                for _, p in self.named_parameters]
+        copies = [(name, p) for name, p in self.named_parameters if backend.is_array(p.data)]  # ZeRO stage 3: none
+        sums = [zlib.crc32(numpy.ascontiguousarray(backend.to_host(p.data)).view(numpy.uint8)) for _, p in copies]
         everyone = self.comm.all_gather(sums)
         for rank, other in enumerate(everyone):  # each rank against rank 0: the same error on every rank
-            for (name, _), reference, theirs in zip(self.named_parameters, everyone[0], other):
+            for (name, _), reference, theirs in zip(copies, everyone[0], other):
                 if theirs != reference:
                     raise DistributedError(
                         f"parameters diverged after {self.steps} optimizer step(s): {name!r} on rank {rank} "
