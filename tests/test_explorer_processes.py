@@ -21,7 +21,7 @@ from .test_explorer import Visit, browser, embedded, needs_plotly  # noqa: F401 
 G = 2  # accumulation steps: each panel's step holds this many micro-batches
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=lambda s: f"zero{s}")
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda s: f"zero{s}")
 def two_processes(request, tmp_path_factory):
     """(the page's path, its embedded data, the command's stdout) of a 2-process, 1-step run at ZeRO stage S."""
     out = tmp_path_factory.mktemp(f"processes{request.param}")
