@@ -154,6 +154,28 @@ def test_a_forward_and_backward_under_stage_3_give_the_plain_gradients_and_leave
                                                            (list(plain.parameters())[i] for i in members)], 1))
 
 
+def test_a_forward_that_raised_leaves_nothing_behind_for_the_next_one():
+    """A forward that raises inside a block (a token past the vocabulary, say) leaves its saved-tensor hooks
+    pushed and its units gathered; the next forward takes them off first, and gives the plain gradients."""
+    from tinygrad_ckpt import function
+
+    plain, model = tiny_gpt(), tiny_gpt()
+    layout, _, accumulator, _ = sharded(model)
+    depth = len(function._saved_hooks)
+    with pytest.raises(Exception):
+        model(numpy.array([[1, 2, 3, 4, 5]]))  # longer than block_size: raises after the root gathered
+    idx = numpy.array([[1, 2, 3, 4]])
+    logits, _ = model(idx)
+    assert len(function._saved_hooks) == depth  # the hooks of the forward that raised are gone
+    logits.sum().backward()
+    assert layout.gathered == [None] * len(layout.groups)
+    want, _ = plain(idx)
+    want.sum().backward()
+    for (_, members, _), buf in zip(layout.groups, accumulator.flats):
+        numpy.testing.assert_array_equal(buf, flat_padded([p.grad.numpy() for p in
+                                                           (list(plain.parameters())[i] for i in members)], 1))
+
+
 @given(size=st.integers(2, 5), data=st.data())
 @settings(max_examples=15, deadline=None)
 def test_each_rank_keeps_only_its_shard_and_gathered_parameters_are_the_model_with_its_padding_zero(size, data):

@@ -273,6 +273,18 @@ def storage(array):
     return array
 
 
+def address(array):
+    """Where `array`'s first element lies in memory (NumPy's or CuPy's pointer): a view's place in its base."""
+    return array.__array_interface__["data"][0] if isinstance(array, numpy.ndarray) else array.data.ptr
+
+
+def view_at(base, offset, shape, strides):
+    """The view of `base` that starts `offset` bytes in, with this shape and these strides (NumPy or CuPy)."""
+    if isinstance(base, numpy.ndarray):
+        return numpy.ndarray(shape, base.dtype, buffer=base, offset=offset, strides=strides)
+    return module_of(base).ndarray(shape, base.dtype, memptr=base.data + offset, strides=strides)
+
+
 def scatter_add(target, index, values):
     """target[index] += values, adding (not overwriting) where index repeats.
 

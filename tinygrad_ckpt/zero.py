@@ -304,6 +304,8 @@ class Stage3Hooks:
             self.handles.append(module.register_forward_hook(lambda m, args, out, g=groups, r=root: self.after(g, r)))
 
     def before(self, groups, root):
+        if root:
+            self.start_forward()
         if root and tape.is_grad_enabled():
             self.saving = autograd.saved_tensors_hooks(self.pack, self.unpack)
             self.saving.__enter__()
@@ -318,6 +320,18 @@ class Stage3Hooks:
             self.saving.__exit__(None, None, None)
             self.saving = None
 
+    def start_forward(self):
+        """A new forward: what one that raised left behind (its hooks pushed, its units gathered) goes
+        first, and the count of handles starts again (a forward never backpropagated leaves none pending)."""
+        if self.saving is not None:
+            self.saving.__exit__(None, None, None)
+            self.saving = None
+        if not self.layout.pinned:
+            for g, full in enumerate(self.layout.gathered):
+                if full is not None:
+                    self.layout.free_(g)
+        self.pending, self.for_backward = [0] * len(self.layout.groups), [None] * len(self.layout.groups)
+
     def pack(self, t):
         array = t.data
         full = backend.storage(array)
@@ -325,7 +339,7 @@ class Stage3Hooks:
         if g is None:
             return t  # an activation: kept as it is
         self.pending[g] += 1
-        offset = array.__array_interface__["data"][0] - full.__array_interface__["data"][0]
+        offset = backend.address(array) - backend.address(full)
         return ("zero3", g, offset, array.shape, array.strides)
 
     def unpack(self, packed):
@@ -340,7 +354,7 @@ class Stage3Hooks:
             self.pending[g] -= 1
             if self.pending[g] <= 0:
                 self.pending[g], self.for_backward[g] = 0, None  # the views handed out keep it while used
-        return Tensor(numpy.ndarray(shape, full.dtype, buffer=full, offset=offset, strides=strides))
+        return Tensor(backend.view_at(full, offset, shape, strides))
 
     def remove(self):
         for handle in self.handles:
