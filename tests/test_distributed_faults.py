@@ -1,16 +1,18 @@
 """Faults under ZeRO (stages 1, 2 and 3), under `mpiexec -n 2` and `-n 3`: a rank that fails ends the whole job,
 and ranks that disagree stop before the first step, saying on what.
 
-A rank that dies in a ZeRO step leaves the others inside a sharded collective
-(a reduce, the reduce-scatter, the all-gather) that will never complete. The
+A rank that dies in a ZeRO step leaves the others inside a collective (a
+reduce, the reduce-scatter, an all-gather) that will never complete. The
 tests fail the last rank (tests/fault_worker.py) in the middle of a
-micro-batch and between the reduce-scatter and the all-gather, three ways: a
-SIGKILL (no handler runs: mpiexec must notice and end the others), an
-exception (cli.main's abort_if_running) and sys.exit() or a Ctrl-C that
-reached one process alone (the same; before, its MPI_Finalize waited for
-the others, which waited for it, forever). Each run
-is asked for 1000 optimizer steps, so a job that ended early ended because
-of the fault; a hang fails at TIMEOUT.
+micro-batch, and between a reduce and the all-gather that follows it
+(stages 1 and 2: after the reduce-scatter and the optimizer step, before the
+updated shards are all-gathered), in three ways: a SIGKILL (no handler runs:
+mpiexec must notice and end the others), an exception (cli.main's
+abort_if_running), and sys.exit() or a Ctrl-C that reached one process alone
+(the same; before cli.main caught those, the process's MPI_Finalize waited
+for the others, which waited for it, forever). Each run is asked for 1000
+optimizer steps, so a job that ended early ended because of the fault; a
+hang fails at TIMEOUT.
 """
 
 import json
@@ -85,7 +87,7 @@ def test_a_rank_that_fails_in_a_zero_step_ends_the_job_on_every_rank_within_a_bo
 # -- ranks that disagree ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def disagreeing(tmp_path_factory):
-    """{N: [each rank's {case: {error, steps, sharded_calls}}]}, the worker started once per N."""
+    """{N: [each rank's {case: {error, steps, array_calls}}]}, the worker started once per N."""
     results = {}
 
     def get(n):
