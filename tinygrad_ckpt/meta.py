@@ -118,6 +118,14 @@ class Count:
 
     def reset_peak(self):
         self.peak = self.live
+
+    def adopt(self, array):
+        """Count `array`, made before this count began, as live in it from now on and as freed from it when it
+        is freed (ZeRO's flat arrays replace a model's parameters: fit/sharded.py)."""
+        if array.base is None and array._count is not self:
+            array._count = self
+            self.live += array.nbytes
+            self.peak = builtins.max(self.peak, self.live)
         if self.points is not None:
             self.points = _array.array("q")
 
