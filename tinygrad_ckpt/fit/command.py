@@ -18,6 +18,7 @@ no checkpointing, every link of the chain and sqrt(n), each in float32 and 16-bi
   tinygrad-ckpt fit --model gpt2-xl --memory a100-80gb --effective-batch-size 512 --processes 8
   tinygrad-ckpt fit --model gpt2 --n-layer 24 --memory 24GiB --seq-len 512
   tinygrad-ckpt fit --model gpt2-large --memory t4 --dtype bfloat16 --mixed-precision
+  tinygrad-ckpt fit --model gpt2-xl --memory v100-16gb --effective-batch-size 8 --processes 8 --zero-stage 2
   tinygrad-ckpt fit --model cnn --image-size 224 --widths 64,128,256,512 --memory v100-16gb --effective-batch-size 256
 
 GPUs: """ + ", ".join(GPUS) + """ (the total CUDA reports for each, less 0.5 GiB for the CUDA
