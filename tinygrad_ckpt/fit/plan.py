@@ -178,6 +178,8 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     profiles = {}
     with progress.shown(2 * len(STRATEGIES) + 3, f"fit {name}"):  # each strategy at two micro-batches; the planner
         for key, label_, checkpointing in STRATEGIES:
+            if zero_stage == 3 and _stage3_refuses(checkpointing):
+                continue  # not a row: train.py refuses it at stage 3
             profiles[key] = profile_gpt(config, seq_len, checkpointing=checkpointing, **run)
             plan.rows.append(_row(plan, key, label_, checkpointing, profiles[key], _ratio(profiles[key].at(1))))
         plan.rows.append(_planner_row(plan, run, nested_plans, planner_layers, profiles["every"]))
@@ -351,12 +353,26 @@ def _add_stages(plan, run, profiles):
     rec = plan.recommendation
     base = rec.strategy or min(plan.rows, key=lambda r: r.memory.device_peak_bytes)
     for stage in ZERO_STAGES:
-        profile = profile_gpt(plan.config, plan.seq_len, checkpointing=base.checkpointing,
-                              **{**run, "zero_stage": stage})
-        plan.stage_rows.append(_row(plan, f"stage {stage}", f"ZeRO stage {stage}, {base.label}", base.checkpointing,
-                                    profile, base.recompute_ratio))
+        label, checkpointing, ratio = _at_stage(plan, base, stage)
+        profile = profile_gpt(plan.config, plan.seq_len, checkpointing=checkpointing, **{**run, "zero_stage": stage})
+        plan.stage_rows.append(_row(plan, f"stage {stage}", f"ZeRO stage {stage}, {label}", checkpointing, profile,
+                                    ratio))
     if rec.verdict == VERDICTS[4]:
         plan.recommendation = zero_rescue(plan, run, base) or rec
+
+
+def _stage3_refuses(checkpointing):
+    """Stage 3 gathers a block's parameters when the block is called, so its recompute must call whole blocks:
+    train.py refuses a policy or half blocks there."""
+    return bool(checkpointing) and (checkpointing.get("policy") is not None or bool(checkpointing.get("split_blocks")))
+
+
+def _at_stage(plan, row, stage):
+    """(label, checkpointing, time) of `row`'s strategy at `stage`: every block's where stage 3 refuses it."""
+    if stage == 3 and _stage3_refuses(row.checkpointing):
+        every = plan.row("every")
+        return f"{every.label} (stage 3 refuses {row.label})", every.checkpointing, every.recompute_ratio
+    return row.label, row.checkpointing, row.recompute_ratio
 
 
 def zero_rescue(plan, run, least, most=1024):
@@ -370,18 +386,19 @@ def zero_rescue(plan, run, least, most=1024):
     n = max(2, plan.processes)
     while n <= most:
         for stage in ZERO_STAGES[1:]:
-            step = gpt_step(plan.config, 1, plan.seq_len, checkpointing=least.checkpointing,
+            label, checkpointing, ratio = _at_stage(plan, least, stage)
+            step = gpt_step(plan.config, 1, plan.seq_len, checkpointing=checkpointing,
                             **{**run, "processes": n, "zero_stage": stage})
             if step.device_peak_bytes <= plan.usable_bytes:
                 steps = -(-plan.effective_batch_size // n)
-                row = StrategyFit(f"stage {stage}", f"ZeRO stage {stage} on {n} processes, {least.label}",
-                                  least.checkpointing, 1, 1, steps, step, least.recompute_ratio)
+                row = StrategyFit(f"stage {stage}", f"ZeRO stage {stage} on {n} processes, {label}", checkpointing,
+                                  1, 1, steps, step, ratio)
                 args = _arguments(plan, row, stage)
                 batch = "" if steps * n == plan.effective_batch_size else (
                     f"; the effective batch becomes {steps * n}, a multiple of the {n} processes")
                 return Recommendation(VERDICTS[4], row, args,
                                       f"not on {plan.processes} process{'es' if plan.processes > 1 else ''}; with ZeRO "
-                                      f"stage {stage} on {n} processes and {least.label}, one example needs "
+                                      f"stage {stage} on {n} processes and {label}, one example needs "
                                       f"{format_size(step.device_peak_bytes)} a process, of "
                                       f"{format_size(plan.usable_bytes)} usable{batch}", processes=n)
         n *= 2
