@@ -353,10 +353,10 @@ def _add_stages(plan, run, profiles):
     rec = plan.recommendation
     base = rec.strategy or min(plan.rows, key=lambda r: r.memory.device_peak_bytes)
     for stage in ZERO_STAGES:
-        label, checkpointing, ratio = _at_stage(plan, base, stage)
+        label, checkpointing = _at_stage(plan, base, stage)
         profile = profile_gpt(plan.config, plan.seq_len, checkpointing=checkpointing, **{**run, "zero_stage": stage})
         plan.stage_rows.append(_row(plan, f"stage {stage}", f"ZeRO stage {stage}, {label}", checkpointing, profile,
-                                    ratio))
+                                    _ratio(profile.at(1))))  # stage 3 recomputes whole blocks
     if rec.verdict == VERDICTS[4]:
         plan.recommendation = zero_rescue(plan, run, base) or rec
 
@@ -368,11 +368,11 @@ def _stage3_refuses(checkpointing):
 
 
 def _at_stage(plan, row, stage):
-    """(label, checkpointing, time) of `row`'s strategy at `stage`: every block's where stage 3 refuses it."""
+    """(label, checkpointing) of `row`'s strategy at `stage`: every block's where stage 3 refuses it."""
     if stage == 3 and _stage3_refuses(row.checkpointing):
         every = plan.row("every")
-        return f"{every.label} (stage 3 refuses {row.label})", every.checkpointing, every.recompute_ratio
-    return row.label, row.checkpointing, row.recompute_ratio
+        return f"{every.label} (stage 3 refuses {row.label})", every.checkpointing
+    return row.label, row.checkpointing
 
 
 def zero_rescue(plan, run, least, most=1024):
@@ -386,13 +386,13 @@ def zero_rescue(plan, run, least, most=1024):
     n = max(2, plan.processes)
     while n <= most:
         for stage in ZERO_STAGES[1:]:
-            label, checkpointing, ratio = _at_stage(plan, least, stage)
+            label, checkpointing = _at_stage(plan, least, stage)
             step = gpt_step(plan.config, 1, plan.seq_len, checkpointing=checkpointing,
                             **{**run, "processes": n, "zero_stage": stage})
             if step.device_peak_bytes <= plan.usable_bytes:
                 steps = -(-plan.effective_batch_size // n)
                 row = StrategyFit(f"stage {stage}", f"ZeRO stage {stage} on {n} processes, {label}", checkpointing,
-                                  1, 1, steps, step, ratio)
+                                  1, 1, steps, step, _ratio(step))
                 args = _arguments(plan, row, stage)
                 batch = "" if steps * n == plan.effective_batch_size else (
                     f"; the effective batch becomes {steps * n}, a multiple of the {n} processes")
