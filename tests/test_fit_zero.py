@@ -124,3 +124,13 @@ def test_a_model_that_fits_only_with_zero_gets_the_stage_and_the_processes():
     out = str(plan)
     assert f"under mpiexec -n {rec.processes}" in out and "ZeRO stage 2, " in out
     assert steps[4, 2].peak_bytes < steps[2, 2].peak_bytes < steps[1, 2].peak_bytes
+
+
+def test_fit_command_with_the_flags_prints_a_row_per_stage_and_the_stage_in_its_arguments(capsys):
+    argv = ["fit", "--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--memory", "1GiB",
+            "--effective-batch-size", "4", "--processes", "2", "--zero-stage", "1"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO stage 1: every peak is one process's" in out and "under mpiexec -n 2" in out
+    assert all(f"ZeRO stage {s}, " in out for s in zero.STAGES)
+    assert re.search(r"TrainingArguments\(zero_stage=1, per_device_train_batch_size=2\)", out), out
