@@ -1,8 +1,8 @@
-"""What does each rank hold under ZeRO stages 0, 1 and 2, and what does it send?
+"""What does each rank hold under ZeRO stages 0, 1, 2 and 3, and what does it send?
 
     python benchmarks/zero.py
 
-For N = 1..4 processes and stages 0, 1, 2 it starts `mpiexec -n N python
+For N = 1..4 processes and stages 0, 1, 2, 3 it starts `mpiexec -n N python
 benchmarks/zero.py --worker ...`: each rank trains a float32 GPT with AdamW
 (micro-batches of one sequence, 2 accumulation steps) and reports its peak
 by category (memory.py), its bytes sent per optimizer step by each
@@ -14,6 +14,10 @@ parameters, S = ceil(Psi / N) and 4-byte elements:
     0       4 Psi        4 Psi          8 Psi                      16 Psi
     1       4 N S        4 N S          8 S                        8 Psi + 8 Psi / N (+ padding)
     2       4 N S        4 S            8 S                        4 Psi + 12 Psi / N (+ padding)
+    3       4 S'         4 S'           8 S'                       16 Psi / N (+ padding)
+
+(stage 3: a group a unit, each block and the root, S' the sum of their
+ceil(Psi_u / N)).
 
 The paper's mixed-precision layout is (2 + 2 + K) Psi with K = 12: 16-bit
 parameters and gradients, and a float32 master copy beside the two moments
@@ -32,6 +36,16 @@ What the formula leaves out, and the prediction adds (`remainder`):
                 (4 Psi) and the first of the N chunks of S elements it is
                 reduced in, one to each owner (4 S); each leaf gradient is
                 freed once all its elements are in chunks.
+  stage 3       in backward, as the largest parameter's gradient is made
+                (the last block's MLP weight, 4 Psi_max): that block
+                gathered (4 N S_block), the gradient, held by the walk
+                until its op's other gradients are delivered, and the
+                bias's beside it (4 C, "other" the instant it is wrapped),
+                with the activations and other arrays one process holds at
+                that moment (measured at N = 1, stage 0, by a
+                post-accumulate-grad hook); and the step: the mean
+                gradients of the groups before the last (4 (S' - S_last))
+                and the last one's as it is made (4 S_last, "other").
   all of them   the micro-batch's token ids (8 B T bytes, "other").
 
 The peak is the largest of these moments. tests/test_zero_memory.py checks
@@ -58,7 +72,7 @@ from tinygrad_ckpt.train import Trainer, TrainerCallback, TrainingArguments  # n
 MODEL = dict(block_size=32, vocab_size=65, n_layer=4, n_head=4, n_embd=128)  # 0.80 M parameters
 TRAINING = dict(optim="adamw", per_device_train_batch_size=1, gradient_accumulation_steps=2, max_steps=6,
                 logging_steps=0, disable_tqdm=True, seed=0)
-RANKS, STAGES = (1, 2, 3, 4), (0, 1, 2)
+RANKS, STAGES = (1, 2, 3, 4), (0, 1, 2, 3)
 SHOWN = ("parameters", "gradients", "accumulation", "optimizer", "activations")
 
 
@@ -90,12 +104,16 @@ def worker(model, training, stages, out):
         sent, all_reduced = dict(comm.bytes_sent), comm.bytes_all_reduced
         trainer = Trainer(gpt, TrainingArguments(zero_stage=stage, **training),
                           CharDataset(ids, block_size=model["block_size"]), distributed=parallel, callbacks=[times])
+        largest, seen = max(p.data.size for p in gpt.parameters()), []  # stage 3's backward moment, seen at stage 0
+        [p.register_post_accumulate_grad_hook(lambda p: seen.append(dict(memory.current())))
+         for p in gpt.parameters() if p.data.size == largest and stage == 0]  # (no loop name left to keep a parameter)
         trainer.train()
         steps = trainer.state.global_step
         peak, by = memory.peak()
         results[stage] = {
             "before": before, "peak": peak, "bytes": by,
             "parameters": sum(p.data.size for p in trainer.accumulator.parameters),
+            "largest_gradient": seen[0] if seen else None,
             "sent_per_step": {"all_reduce": (comm.bytes_all_reduced - all_reduced) / steps,
                               **{k: (comm.bytes_sent[k] - sent[k]) / steps for k in sent}},
             "step_seconds": float(numpy.median(times.times[1:])),  # the first step warms up
@@ -117,25 +135,47 @@ def launch(n, stages=STAGES, model=MODEL, training=TRAINING, timeout=600):
         return [{int(k): v for k, v in json.loads(Path(out, f"rank{r}.json").read_text()).items()} for r in range(n)]
 
 
-def states(stage, P, n):
-    """The formula: bytes of parameters, accumulation buffers and AdamW state on each rank."""
-    S = -(-P // n)
+def units(model=MODEL):
+    """Stage 3's groups: the parameters of each unit (zero.stage3_units: each block, then the root), in the
+    order of its layout (by each unit's first parameter in the model); and the largest parameter."""
+    from tinygrad_ckpt.zero import stage3_units
+
+    gpt = GPT(GPTConfig(dropout=0.0, **model), rng=numpy.random.default_rng(0), dtype=numpy.float32)
+    order = {id(p): i for i, p in enumerate(gpt.parameters())}
+    found = sorted(stage3_units(gpt), key=lambda unit: min(order[id(p)] for p in unit[1]))
+    return [sum(p.data.size for p in params) for _, params in found], max(p.data.size for p in gpt.parameters())
+
+
+def states(stage, P, n, sizes=None):
+    """The formula: bytes of parameters, accumulation buffers and AdamW state on each rank (sizes: stage 3's units)."""
+    S, S3 = -(-P // n), sum(-(-u // n) for u in sizes or ())
     return {0: dict(parameters=4 * P, accumulation=4 * P, optimizer=8 * P),
             1: dict(parameters=4 * n * S, accumulation=4 * n * S, optimizer=8 * S),
-            2: dict(parameters=4 * n * S, accumulation=4 * S, optimizer=8 * S)}[stage]
+            2: dict(parameters=4 * n * S, accumulation=4 * S, optimizer=8 * S),
+            3: dict(parameters=4 * S3, accumulation=4 * S3, optimizer=8 * S3)}[stage]
 
 
-def predict(stage, P, n, backward, tokens):
+def predict(stage, P, n, backward, tokens, largest_gradient=None, model=MODEL):
     """The formula plus the remainders (see the module docstring), at the largest of the step's moments.
 
-    backward: one process's gradients, activations and other at its peak; tokens: 8 B T, the token ids."""
+    backward: one process's gradients, activations and other at its peak; tokens: 8 B T, the token ids;
+    largest_gradient: one process's bytes when backward makes the largest parameter's gradient (stage 3)."""
     S, base = -(-P // n), dict.fromkeys(memory.CATEGORIES, 0)
-    moments = [{**backward}]
+    moments = [{**backward}] if stage < 3 else []  # stage 3 makes one parameter's gradient at a time: its own moments
     if stage == 1:
         moments.append(dict(gradients=4 * S, other=4 * S + tokens))
     if stage == 2:
         moments.append(dict(gradients=4 * P + 4 * S, other=tokens))
-    moments = [{**base, **states(stage, P, n), **m} for m in moments]
+    sizes, largest = units(model) if stage == 3 else (None, 0)
+    moments = [{**base, **states(stage, P, n, sizes), **m} for m in moments]
+    if stage == 3:
+        shards = [-(-u // n) for u in sizes]
+        moments.append({**base, **states(3, P, n, sizes), "gradients": 4 * largest,
+                        "parameters": 4 * sum(shards) + 4 * n * max(shards[1:]),  # the block being walked, gathered
+                        "activations": largest_gradient["activations"],
+                        "other": largest_gradient["other"] + 4 * model["n_embd"]})  # its bias's gradient
+        moments.append({**base, **states(3, P, n, sizes), "gradients": 4 * (sum(shards) - shards[-1]),
+                        "other": 4 * shards[-1] + tokens})  # the step: the last group's mean gradient made
     return max(moments, key=lambda m: sum(m.values()))
 
 
@@ -154,7 +194,7 @@ def main():
     print("|---" * (len(SHOWN) + 8) + "|")
     for n in RANKS:
         for stage in STAGES:
-            got, want = runs[n][0][stage], predict(stage, P, n, backward, tokens)
+            got, want = runs[n][0][stage], predict(stage, P, n, backward, tokens, one["largest_gradient"])
             assert all(r[stage]["bytes"] == got["bytes"] for r in runs[n]), f"N={n} stage {stage}: ranks differ"
             cells = [f"{got['bytes'][c] / 2**20:.3f} / {want[c] / 2**20:.3f}" for c in SHOWN]
             sent = got["sent_per_step"]
@@ -163,9 +203,17 @@ def main():
                   f"{sent['reduce_scatter'] / 2**20:.3f} | {sent['reduce'] / 2**20:.3f} | "
                   f"{sent['all_gather_arrays'] / 2**20:.3f} | "
                   f"{got['step_seconds'] * 1e3:.0f} ms |")
+    for n in RANKS[1:]:  # stage 3 with checkpointing: each block's recompute gathers it again
+        got = launch(n, (3,), MODEL, {**TRAINING, "gradient_checkpointing": True})[0][3]
+        sent = got["sent_per_step"]
+        print(f"stage 3 with gradient checkpointing, N = {n}: peak {got['peak'] / 2**20:.3f} MiB (activations "
+              f"{got['bytes']['activations'] / 2**20:.3f}); per step reduce {sent['reduce'] / 2**20:.3f}, all-gather "
+              f"{sent['all_gather_arrays'] / 2**20:.3f} MiB; step {got['step_seconds'] * 1e3:.0f} ms")
     print(f"MiB. The all-reduce column counts the array once (Communicator.bytes_all_reduced); a ring all-reduce "
           f"moves it twice, a reduce-scatter then an all-gather: 2 Psi = {2 * 4 * P / 2**20:.3f} MiB, what stage 1 "
-          f"sends; stage 2 reduces each micro-batch, N chunks of S. {time.perf_counter() - start:.0f} s")
+          f"sends; stage 2 reduces each micro-batch, N chunks of S; stage 3 all-gathers every unit twice a "
+          f"micro-batch (forward, backward) and reduces each gradient as it is made: 3 Psi a micro-batch, with "
+          f"checkpointing too (the recompute's gather replaces the backward's). {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """ZeRO's sharded checkpoints (zero_checkpoint.py) under `mpiexec -n 2` and `-n 3`.
 
 A run stopped and resumed is the uninterrupted run bit for bit (float64),
-at stages 1 and 2; a damaged shard sends every process back to the previous
+at stages 1, 2 and 3; a damaged shard sends every process back to the previous
 checkpoint alike; the consolidated file holds the live parameters and the
 ranks' optimizer shards joined, and one process resumes from it; a
 checkpoint written on N processes resumes on another number, its optimizer
@@ -78,7 +78,7 @@ def close(got, want):
 @pytest.mark.parametrize("n", (2, 3))
 def test_a_zero_run_stopped_and_resumed_is_the_uninterrupted_run_bit_for_bit(launched, n):
     for rank in launched(n)[1]:
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             full, resumed = rank[f"full_{stage}"], rank[f"resumed_{stage}"]
             assert resumed["resumed_from"] == "checkpoint-2.npz" and len(full["losses"]) == 4
             for key in ("params", "losses", "moments"):  # the moments: this rank's shards of AdamW's state
@@ -89,7 +89,7 @@ def test_a_zero_run_stopped_and_resumed_is_the_uninterrupted_run_bit_for_bit(lau
 @pytest.mark.parametrize("n", (2, 3))
 def test_a_damaged_shard_sends_every_rank_back_to_the_previous_checkpoint(launched, n):
     ranks = launched(n)[1]
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         runs = [rank[f"damaged_{stage}"] for rank in ranks]
         [(skipped, why)] = runs[0]["skipped"]
         assert skipped == "checkpoint-4.npz" and f"its shard 'checkpoint-4.shard-{n - 1}-of-{n}.npz'" in why, why
@@ -101,7 +101,7 @@ def test_a_damaged_shard_sends_every_rank_back_to_the_previous_checkpoint(launch
 @pytest.mark.parametrize("n", (2, 3))
 def test_the_consolidated_file_holds_the_live_state_and_one_process_resumes_from_it(launched, n, tmp_path):
     out, ranks = launched(n)
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         consolidated = tmp_path / f"stage{stage}.npz"
         command = [sys.executable, "-m", "tinygrad_ckpt.zero_checkpoint", str(out / f"stage{stage}/full/checkpoint-4.npz"),
                    str(consolidated)]
@@ -114,9 +114,10 @@ def test_the_consolidated_file_holds_the_live_state_and_one_process_resumes_from
         serialization.restore(consolidated, model)
         assert [p.numpy().tolist() for p in model.parameters()] == live["params"]  # bit for bit
         for key, moment in zip(("exp_avg", "exp_avg_sq"), zip(*(r[f"full_{stage}"]["moments"] for r in ranks))):
-            joined = numpy.concatenate([numpy.array(shards[0]) for shards in moment])  # one group: float64
-            whole = numpy.concatenate([a.ravel() for a in checkpoint["optimizer"]["state"][key]])
-            assert numpy.array_equal(joined[: whole.size], whole) and not joined[whole.size:].any()
+            for g, members in enumerate(live["groups"]):  # stages 1, 2: one group; stage 3: one a unit
+                joined = numpy.concatenate([numpy.array(shards[g]) for shards in moment])
+                whole = numpy.concatenate([checkpoint["optimizer"]["state"][key][i].ravel() for i in members])
+                assert numpy.array_equal(joined[: whole.size], whole) and not joined[whole.size:].any()
     # one process, from the consolidated file of stage 2, two more steps: the steps of a run never interrupted
     resumed = Trainer(gpt(numpy.float64), single_process_args(tmp_path / "resumed", 6), dataset(N_EXAMPLES))
     resumed.train(resume_from_checkpoint=consolidated)
@@ -127,15 +128,16 @@ def test_the_consolidated_file_holds_the_live_state_and_one_process_resumes_from
 
 @needs_mpi
 def test_a_checkpoint_resumes_on_another_number_of_processes_its_optimizer_state_cut_again(launched, tmp_path):
-    """Written by 2 processes at stage 1, resumed by 3 at stage 2 and by 1: the steps of the uninterrupted run
-    (to the rounding of sums in another order), the log history restored exactly."""
+    """Written by 2 processes at stage 1, resumed by 3 at stage 2, by 3 at stage 3 (the parameters re-sharded
+    too) and by 1: the steps of the uninterrupted run (to the rounding of sums in another order), the log
+    history restored exactly."""
     out, ranks = launched(2)
     full = ranks[0]["full_1"]
     for rank in launched(3)[1]:
-        resharded = rank["resharded"]
-        assert resharded["resumed_from"] == "checkpoint-2.npz" and resharded["losses"][:2] == full["losses"][:2]
-        close(resharded["params"], full["params"])
-        close(resharded["losses"], full["losses"])
+        for resharded in (rank["resharded"], rank["resharded3"]):
+            assert resharded["resumed_from"] == "checkpoint-2.npz" and resharded["losses"][:2] == full["losses"][:2]
+            close(resharded["params"], full["params"])
+            close(resharded["losses"], full["losses"])
     one = Trainer(gpt(numpy.float64), single_process_args(tmp_path / "one", 4), dataset(N_EXAMPLES))
     one.train(resume_from_checkpoint=out / "stage1/full/checkpoint-2.npz")  # the shards joined, in memory
     close([p.numpy() for p in one.model.parameters()], full["params"])

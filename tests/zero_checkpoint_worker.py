@@ -1,12 +1,12 @@
 """What each process runs when tests/test_zero_checkpoint.py starts `mpiexec -n N python tests/zero_checkpoint_worker.py OUT [FROM]`.
 
-Not a test file (pytest does not collect it). For ZeRO stages 1 and 2, in
+Not a test file (pytest does not collect it). For ZeRO stages 1, 2 and 3, in
 OUT/stage<s>/: an uninterrupted 4-step run (`full/`, checkpoints at steps 2
 and 4), one stopped after 2 steps and resumed (`stopped/`), and a copy of
 `full/` whose step-4 shard of the last process is damaged, resumed
 (`damaged/`: it must fall back to step 2). With FROM (a folder the worker
 filled under another N): the stage-1 checkpoint of step 2 written there is
-resumed at stage 2 on these N processes (`resharded/`). Each rank writes
+resumed at stages 2 and 3 on these N processes (`resharded/`, `resharded3/`). Each rank writes
 `rank<r>.json` into OUT: its parameters, losses and AdamW shards, what the
 resumes skipped and continued from. The test compares.
 """
@@ -40,8 +40,11 @@ def run(parallel, stage, output_dir, max_steps=4, resume_from_checkpoint=None):
                       dataset(N_EXAMPLES), distributed=parallel)
     history = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     parallel.check_in_sync()
+    with trainer.gathered():  # stage 3: every process gathers the whole parameters with the others
+        params = [p.numpy().tolist() for p in trainer.model.parameters()]
     return {
-        "params": [p.numpy().tolist() for p in trainer.model.parameters()],
+        "params": params,
+        "groups": [members for _, members, _ in trainer.accumulator.layout.groups],
         "losses": [e["loss"] for e in history if "loss" in e],
         "moments": [[a.tolist() for a in getattr(trainer.optimizer, name)] for name in ("exp_avg", "exp_avg_sq")],
         "skipped": [[Path(path).name, why] for path, why in trainer.skipped_checkpoints],
@@ -52,7 +55,7 @@ def run(parallel, stage, output_dir, max_steps=4, resume_from_checkpoint=None):
 def main(out, source=None):
     parallel = DataParallel(check_every=1)
     N, results = parallel.world_size, {}
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         here = Path(out) / f"stage{stage}"
         results[f"full_{stage}"] = run(parallel, stage, here / "full")
         run(parallel, stage, here / "stopped", max_steps=2)
@@ -68,6 +71,7 @@ def main(out, source=None):
     if source is not None:  # another N's stage-1 checkpoint of step 2, resumed here at stage 2
         written = Path(source) / "stage1" / "full" / "checkpoint-2.npz"
         results["resharded"] = run(parallel, 2, Path(out) / "resharded", resume_from_checkpoint=written)
+        results["resharded3"] = run(parallel, 3, Path(out) / "resharded3", resume_from_checkpoint=written)
     (Path(out) / f"rank{parallel.rank}.json").write_text(json.dumps(results))
 
 

@@ -112,6 +112,8 @@ def device_of(array):
         module = _modules[device]
         if module is not None and isinstance(array, module.ndarray):
             return device
+    if isinstance(array, ReadsRefused) and hasattr(array, "device"):  # no values, a device (zero.Unfetched)
+        return array.device
     raise TypeError(
         f"expected a NumPy or CuPy array, got {type(array).__name__}; "
         "wrap Python values with Tensor(...) first"
@@ -269,6 +271,18 @@ def storage(array):
     while getattr(array, "base", None) is not None and hasattr(array.base, "nbytes"):
         array = array.base
     return array
+
+
+def address(array):
+    """Where `array`'s first element lies in memory (NumPy's or CuPy's pointer): a view's place in its base."""
+    return array.__array_interface__["data"][0] if isinstance(array, numpy.ndarray) else array.data.ptr
+
+
+def view_at(base, offset, shape, strides):
+    """The view of `base` that starts `offset` bytes in, with this shape and these strides (NumPy or CuPy)."""
+    if isinstance(base, numpy.ndarray):
+        return numpy.ndarray(shape, base.dtype, buffer=base, offset=offset, strides=strides)
+    return module_of(base).ndarray(shape, base.dtype, memptr=base.data + offset, strides=strides)
 
 
 def scatter_add(target, index, values):

@@ -405,7 +405,9 @@ def training_header(trainer, kind, block_size):
         "buffers and activations)" if not trainer.zero else
         f"memory: per process: 'mem' in a log line is what process 0 holds then, 'peak' the most since training "
         f"started; ZeRO stage {trainer.zero}: each of the {world} processes holds 1/{world} of the optimizer state"
-        f"{' and of the accumulation buffers' if trainer.zero == 2 else ''} and all of the rest; the last lines "
+        f"{' and of the accumulation buffers' if trainer.zero >= 2 else ''}"
+        f"{' and of the parameters (each block gathered for its forward and backward)' if trainer.zero == 3 else ''}"
+        " and all of the rest; the last lines "
         "give each process's peak",
     ]
     lines.append("allocator: freed memory is kept for the next step (glibc's malloc, tinygrad_ckpt.allocator; "

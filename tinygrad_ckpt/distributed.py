@@ -300,7 +300,7 @@ class DataParallel:
                     f"the {self.world_size} processes (per_device_train_batch_size={B} x {self.world_size} = "
                     f"{B * self.world_size}); use fewer processes, a smaller batch size, or more data"
                 )
-        for _, p in self.named_parameters:  # rank 0's values everywhere (once, so one call per tensor is fine)
+        for p in model.parameters():  # rank 0's values everywhere, frozen ones too (once: one call per tensor is fine)
             self.comm.broadcast_(p.data)
         for _, buf in model.named_buffers():
             self.comm.broadcast_(buf.data)
@@ -364,11 +364,11 @@ class DataParallel:
         A CRC-32 of each parameter's bytes is gathered from every rank: exact
         (one flipped bit shows) and a few bytes per parameter to send.
         """
-        sums = [zlib.crc32(numpy.ascontiguousarray(backend.to_host(p.data)).view(numpy.uint8))
-                for _, p in self.named_parameters]
+        copies = [(name, p) for name, p in self.named_parameters if backend.is_array(p.data)]  # ZeRO stage 3: none
+        sums = [zlib.crc32(numpy.ascontiguousarray(backend.to_host(p.data)).view(numpy.uint8)) for _, p in copies]
         everyone = self.comm.all_gather(sums)
         for rank, other in enumerate(everyone):  # each rank against rank 0: the same error on every rank
-            for (name, _), reference, theirs in zip(self.named_parameters, everyone[0], other):
+            for (name, _), reference, theirs in zip(copies, everyone[0], other):
                 if theirs != reference:
                     raise DistributedError(
                         f"parameters diverged after {self.steps} optimizer step(s): {name!r} on rank {rank} "

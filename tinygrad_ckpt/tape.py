@@ -551,6 +551,8 @@ def _accumulate(t, g, seen):
     else:
         t.grad.data += g
     seen[id(g)] = weakref.ref(g)
+    for hook in list(t._post_accumulate_grad_hooks or ()):  # Tensor.register_post_accumulate_grad_hook
+        hook(t)
 
 
 def _placed(g, seen):

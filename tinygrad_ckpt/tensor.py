@@ -45,7 +45,7 @@ _FLOAT_DEFAULT = numpy.float32
 
 class Tensor:
     __slots__ = ("data", "grad", "requires_grad", "_node", "_version_counter", "_recorded_version",
-                 "_hooks", "__weakref__")
+                 "_hooks", "_post_accumulate_grad_hooks", "__weakref__")
     __array_ufunc__ = None  # NumPy's operators defer to ours: numpy.float64(0.5) * t is a Tensor
 
     def __init__(self, data, requires_grad=False, dtype=None, device=None):
@@ -76,6 +76,7 @@ class Tensor:
         self.requires_grad = requires_grad
         self._node = None  # the tape record that produced this tensor; None for a leaf
         self._hooks = None  # a leaf's gradient hooks (register_hook); a computed tensor's live on its record
+        self._post_accumulate_grad_hooks = None  # a leaf's (register_post_accumulate_grad_hook)
         # The same memory as `source` (no copy was made): the same version counter.
         shared = source is not None and data is source.data
         self._version_counter = source._version_counter if shared else versions.VersionCounter()
@@ -238,6 +239,27 @@ class Tensor:
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
         return tape.register_hook(self, hook)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call hook(tensor) after a gradient has been added into this leaf's .grad; returns a handle (remove()).
+
+        PyTorch's name (torch/_tensor.py, 2.13), with one difference said
+        plainly: PyTorch calls the hook "after all gradients for a tensor have
+        been accumulated", once a backward; here a leaf without gradient hooks
+        gets each contribution added as the walk reaches it (tape.py), and the
+        hook runs after each (a tied weight's: twice). The hook may read and change .grad (set it to None:
+        ZeRO stage 3 sends it away, zero.py).
+        """
+        if self._node is not None or not self.requires_grad:
+            raise RuntimeError("register_post_accumulate_grad_hook: only a leaf that requires grad has a .grad "
+                               "to accumulate into; this tensor " +
+                               ("is computed by an op" if self._node is not None else "does not require grad"))
+        if not callable(hook):
+            raise TypeError(f"register_post_accumulate_grad_hook takes a callable hook(tensor), got {type(hook).__name__}")
+        if self._post_accumulate_grad_hooks is None:
+            self._post_accumulate_grad_hooks = []
+        self._post_accumulate_grad_hooks.append(hook)
+        return tape.RemovableHandle(self._post_accumulate_grad_hooks, hook)
 
     # -- in place (bumps the version counter; see the module docstring) ---------
     def _write(self, *sources):

@@ -124,7 +124,7 @@ from .resume import MODEL_NAME, TrainerState
 from .resume import checkpoint_path, sorted_checkpoints, verify_checkpoint  # noqa: F401
 from .tape import no_grad
 from .zero import STAGES as ZERO_STAGES
-from .zero import FlatShards, ShardedAccumulator, ShardedGradScaler, total_norm
+from .zero import FlatShards, GatheredParameters, ShardedAccumulator, ShardedGradScaler, Stage3Hooks, stage3_units, total_norm
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "linear", "cosine")
@@ -191,7 +191,8 @@ class TrainingArguments:
     accumulation_dtype: str = _field(None, "dtype of the accumulation buffers, e.g. float64 (None: the parameters')")
     zero_stage: int = _field(
         0, "with several processes (mpiexec -n N), what each keeps 1/N of (zero.py; DeepSpeed's "
-           "zero_optimization.stage): 0 nothing, 1 the optimizer state, 2 the accumulation buffers too",
+           "zero_optimization.stage): 0 nothing, 1 the optimizer state, 2 the accumulation buffers too, 3 the "
+           "parameters too (each block gathered for its forward and its backward)",
         choices=ZERO_STAGES)
     fp16: bool = _field(
         False, "mixed precision with float16 (autocast.py): matrix products in float16, parameters, gradients and "
@@ -418,19 +419,31 @@ class Trainer:
                     f"gradient_checkpointing=True, but {type(model).__name__} does not support it "
                     "(it has no gradient_checkpointing_enable() method)"
                 )
+            kwargs = dict(args.gradient_checkpointing_kwargs or {})
+            if args.zero_stage == 3 and distributed is not None:  # the recompute must call the blocks (zero.py)
+                if kwargs.get("policy") is not None or kwargs.get("split_blocks"):
+                    raise ValueError("zero_stage=3 gathers each block's parameters when the block is called, so "
+                                     "its checkpointing recomputes whole blocks, calling them again: drop "
+                                     "gradient_checkpointing_kwargs' policy and split_blocks")
+                kwargs["early_stop"] = False
             try:
-                model.gradient_checkpointing_enable(**(args.gradient_checkpointing_kwargs or {}))
+                model.gradient_checkpointing_enable(**kwargs)
             except TypeError as e:  # a value the model cannot take: the user's arguments, not a bug
                 raise ValueError(f"gradient_checkpointing_kwargs {args.gradient_checkpointing_kwargs}: {e}") from None
         self.zero = args.zero_stage if distributed is not None else 0  # one process has nothing to shard
+        trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones: neither stepped nor sharded
         if self.zero:  # the optimizer steps this process's shards; the accumulator sums into them (zero.py)
-            shards = FlatShards(model.parameters(), distributed.rank, distributed.world_size)
+            units = stage3_units(model) if self.zero == 3 else None  # stage 3: the blocks and the root
+            shards = FlatShards(trainable, distributed.rank, distributed.world_size,
+                                units=units and [params for _, params in units], comm=distributed.comm,
+                                names={id(p): name for name, p in model.named_parameters()})
+            self.stage3 = Stage3Hooks(model, units, shards) if units else None
             self.optimizer = create_optimizer(shards.shards, args)
             self.accumulator = ShardedAccumulator(shards, distributed.comm, self.zero,
                                                   args.gradient_accumulation_steps, dtype=args.accumulation_dtype)
             self.scaler = ShardedGradScaler(distributed.comm, enabled=args.fp16)
         else:
-            self.optimizer = create_optimizer(model.parameters(), args)
+            self.optimizer = create_optimizer(trainable, args)
             self.accumulator = GradientAccumulator(
                 self.optimizer.params, args.gradient_accumulation_steps, dtype=args.accumulation_dtype
             )
@@ -440,11 +453,16 @@ class Trainer:
         self.world_size = 1 if distributed is None else distributed.world_size
         self.is_main_process = distributed is None or distributed.is_main_process  # only it prints and saves
         if distributed is not None:  # same model, config, tokenizer, args and data everywhere; flat buffers
-            distributed.prepare(model, self.accumulator, args, train_dataset, tokenizer)
+            with self.gathered():  # stage 3: rank 0's values, broadcast, become every process's shards
+                distributed.prepare(model, self.accumulator, args, train_dataset, tokenizer)
         self.state = TrainerState()
         self.run_id = None  # written in each checkpoint: --resume takes only one run's checkpoints
         self.resumed_from = None  # the checkpoint train(resume_from_checkpoint=...) continued from
         self.skipped_checkpoints = []  # [(path, why)]: newer checkpoints it could not use
+
+    def gathered(self):
+        """Stage 3: every parameter whole while inside (zero.GatheredParameters; all processes enter it); else nothing."""
+        return GatheredParameters(self.accumulator.layout) if self.zero == 3 else contextlib.nullcontext()
 
     # -- sizes ------------------------------------------------------------------
     @property
@@ -515,7 +533,8 @@ class Trainer:
         args, acc = self.args, self.accumulator
         self._prepare_outputs(fresh=not resume_from_checkpoint)
         if resume_from_checkpoint:
-            resume.load_checkpoint(self, resume_from_checkpoint)  # sets self.state, the model, optimizer, RNG and run id
+            with self.gathered():  # stage 3: the whole model is loaded, each process keeps its shard
+                resume.load_checkpoint(self, resume_from_checkpoint)  # sets self.state, model, optimizer, RNG, run id
         else:
             random.manual_seed(args.seed)
             self.state, self.run_id = TrainerState(), secrets.token_hex(8)
@@ -571,14 +590,17 @@ class Trainer:
                     for callback in self.callbacks:
                         callback.on_step_begin(self)
                     begun = True
-                if len(indices):
-                    batch = self._micro_batch(indices, self.train_dataset)
+                idle = not len(indices) and self.zero == 3  # stage 3: it must gather and reduce with the others
+                if len(indices) or idle:
+                    batch = self._micro_batch(order[m * B : m * B + 1] if idle else indices, self.train_dataset)
                     loss, items = self.compute_loss(batch)  # forward ...
+                    if idle:
+                        loss, items = loss * 0.0, 0  # one example, its gradient zero: it counts nothing
                     self.scaler.scale(loss).backward()  # ... then backward at once (fp16: of the scaled loss)
                     if backend.holds_values(loss.device):  # the meta device (fit) has no loss to read
                         step["loss"] += loss.item()
                     step["items"] += items
-                    step["tokens"] += batch["input_ids"].size if "input_ids" in batch else items
+                    step["tokens"] += 0 if idle else batch["input_ids"].size if "input_ids" in batch else items
                     del loss
                 if not acc.accumulate(items, end_of_data=(m == n_micro - 1)):
                     continue
@@ -645,7 +667,7 @@ class Trainer:
         if not nonfinite:
             self.optimizer.lr = lr
             self.optimizer.step()
-            if self.zero:  # every process's updated shards to every process
+            if self.zero in (1, 2):  # every process's updated shards to every process (stage 3: the next forward)
                 for flat, _, _ in self.accumulator.layout.groups:
                     self.distributed.comm.all_gather_(flat)
         self.scaler.update()
@@ -777,14 +799,16 @@ class Trainer:
         See resume.save_checkpoint (save_total_limit, the refusal of NaN or
         inf, only process 0 writing; under ZeRO every process its shard).
         """
-        return resume.save_checkpoint(self, path)
+        with self.gathered():  # stage 3: the manifest holds the whole model, as at stages 1 and 2
+            return resume.save_checkpoint(self, path)
 
     def save_model(self, path=None):
         """Write the trained model (with the tokenizer and the model's config, if any) atomically.
 
         See resume.save_model: output_dir/model.npz by default; NaN or inf refused.
         """
-        return resume.save_model(self, path)
+        with self.gathered():
+            return resume.save_model(self, path)
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (\S+)\n\s*(.*)$', re.MULTILINE)

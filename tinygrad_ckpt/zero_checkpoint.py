@@ -9,7 +9,12 @@
 
 ("Checkpoint" as in resume.py: a file of a saved run.) Stages 1 and 2 shard
 the optimizer state only; every process holds all the parameters, so
-process 0 writes them once, in the manifest.
+process 0 writes them once, in the manifest. Stage 3 too: the processes
+gather the parameters for the save (zero.GatheredParameters, one all-gather
+of the model) and process 0 writes them whole, so the manifest's model is
+the single process's, and consolidating or resuming on another N (the
+parameters loaded whole, each process keeping its shard) needs nothing of
+its own; the price is that rank 0 holds the whole model while it saves.
 
 Writing (`save_shard`, on every process): each writes its shard atomically,
 then they exchange the files' hashes, and process 0 writes the manifest
@@ -178,14 +183,14 @@ def cut(state, layout):
         raise CheckpointFileError(f"the checkpoint's optimizer state is for {len(state['steps'])} parameters of "
                                   f"other shapes than this model's {len(shapes)}; resume with the model it was written from")
     steps, arrays = [], {key: [] for key in state["state"]}
-    for flat, members, S in layout.groups:
+    for (_, members, S), shard in zip(layout.groups, layout.shards):
         counts = {state["steps"][i] for i in members}
         if len(counts) != 1:
             raise CheckpointFileError(f"the checkpoint's parameters {members} took {sorted(counts)} optimizer steps; "
                                       "a ZeRO run steps them together, so it cannot resume this state")
         steps.append(counts.pop())
         for key, values in state["state"].items():
-            whole = numpy.zeros(S * layout.world_size, dtype=flat.dtype)
+            whole = numpy.zeros(S * layout.world_size, dtype=shard.dtype)
             for i, view in zip(members, layout.views(whole, members)):
                 view[...] = values[i]
             arrays[key].append(whole[layout.rank * S : (layout.rank + 1) * S])

@@ -27,12 +27,19 @@ running statistics). A module declares them by name in the class attribute
 Tensors that `state_dict`, `load_state_dict` and `to` handle alongside the
 parameters.
 
+Forward hooks, as PyTorch's: `register_forward_pre_hook(hook)` calls
+hook(module, args) before forward (a result that is not None replaces the
+arguments), `register_forward_hook(hook)` calls hook(module, args, output)
+after it (a result that is not None replaces the output); each returns a
+handle whose remove() takes the hook off. ZeRO stage 3 (zero.py) gathers a
+block's parameters in the one and frees them in the other.
+
 What does not live here: the layers (layers.py), the optimizers (optim.py),
 saving to disk (serialization.py).
 """
 
 from .. import backend, memory
-from ..tape import no_grad
+from ..tape import RemovableHandle, no_grad
 from ..tensor import Tensor
 
 
@@ -79,6 +86,7 @@ class Module:
     """
 
     _buffers = ()  # names of non-trained Tensor attributes saved in state_dict
+    _forward_pre_hooks = _forward_hooks = ()  # none until registered (each instance gets its own list then)
 
     def __init__(self):
         self.training = True
@@ -87,7 +95,30 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")  # abstract, as in PyTorch
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        for hook in list(self._forward_pre_hooks):
+            replaced = hook(self, args)
+            args = args if replaced is None else replaced if isinstance(replaced, tuple) else (replaced,)
+        output = self.forward(*args, **kwargs)
+        for hook in list(self._forward_hooks):
+            replaced = hook(self, args, output)
+            output = output if replaced is None else replaced
+        return output
+
+    def register_forward_pre_hook(self, hook):
+        """Call hook(module, args) before each forward; returns a handle whose remove() takes it off."""
+        return self._add_hook("_forward_pre_hooks", hook)
+
+    def register_forward_hook(self, hook):
+        """Call hook(module, args, output) after each forward; returns a handle whose remove() takes it off."""
+        return self._add_hook("_forward_hooks", hook)
+
+    def _add_hook(self, kind, hook):
+        if not callable(hook):
+            raise TypeError(f"{kind.strip('_')[:-1].replace('_', ' ')} must be callable, got {type(hook).__name__}")
+        if kind not in vars(self):
+            setattr(self, kind, [])  # this instance's own list, not the class's empty tuple
+        getattr(self, kind).append(hook)
+        return RemovableHandle(getattr(self, kind), hook)
 
     # -- finding children and parameters ---------------------------------------
     def named_children(self):
