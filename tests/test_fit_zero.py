@@ -33,25 +33,26 @@ zero_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(zero_bench)
 
 
-def predicted(n, stage, model=MODEL, batch=ONE_STEP["per_device_train_batch_size"]):
+def predicted(n, stage, checkpointing=False, model=MODEL, batch=ONE_STEP["per_device_train_batch_size"]):
     """fit's step of one process of n under `stage`, standing in for the CPU the real ranks run on."""
     return fit.gpt_step(GPTConfig(dropout=0.0, **model), batch, model["block_size"], device="cpu", processes=n,
-                        zero_stage=stage)
+                        zero_stage=stage, checkpointing={} if checkpointing else None)  # {}: the Trainer's default
 
 
 @needs_mpi
-@pytest.mark.parametrize("n", (2, 3))
-def test_each_real_rank_holds_to_the_byte_what_fit_predicts_for_one(n):
-    ranks = zero_bench.launch(n, zero.STAGES, MODEL, ONE_STEP, timeout=300)
+@pytest.mark.parametrize("checkpointing", (False, True), ids=("plain", "checkpointing"))
+@pytest.mark.parametrize("n", (2, 3, 4))
+def test_each_real_rank_holds_to_the_byte_what_fit_predicts_for_one(n, checkpointing):
+    ranks = zero_bench.launch(n, zero.STAGES, MODEL, dict(ONE_STEP, gradient_checkpointing=checkpointing), timeout=300)
     for stage in zero.STAGES:
-        step = predicted(n, stage)
+        step = predicted(n, stage, checkpointing)
         for r, rank in enumerate(ranks):
             got = rank[stage]
             assert got["before"] == 0, f"stage {stage}, rank {r}: {got['before']} bytes left from the previous run"
             assert (got["peak"], got["bytes"]) == (step.peak_bytes, step.at_peak), (
                 f"N={n}, stage {stage}, rank {r}: measured {got['peak']} {got['bytes']}, fit {step.peak_bytes} "
                 f"{step.at_peak}")
-    peaks = [predicted(n, stage).peak_bytes for stage in zero.STAGES]
+    peaks = [predicted(n, stage, checkpointing).peak_bytes for stage in zero.STAGES]
     assert peaks == sorted(peaks, reverse=True) and peaks[-1] < peaks[0]  # each stage shards more
 
 
@@ -134,3 +135,15 @@ def test_fit_command_with_the_flags_prints_a_row_per_stage_and_the_stage_in_its_
     assert "ZeRO stage 1: every peak is one process's" in out and "under mpiexec -n 2" in out
     assert all(f"ZeRO stage {s}, " in out for s in zero.STAGES)
     assert re.search(r"TrainingArguments\(zero_stage=1, per_device_train_batch_size=2\)", out), out
+
+
+@pytest.mark.parametrize("stage", zero.STAGES)
+def test_two_runs_give_every_micro_batch_of_one_process_too(stage):
+    """The profile (every micro-batch from two runs) of one process's sharded step is the step run at each size:
+    the whole model, then its shards, made before the step (stage 3 frees the first) are not the step's."""
+    config, kw = GPTConfig(dropout=0.0, **MODEL), dict(checkpointing={"segments": "every"}, processes=3, zero_stage=stage)
+    profile = fit.profile_gpt(config, 8, **kw)
+    for b in (1, 2, 5):
+        step, got = fit.gpt_step(config, b, 8, **kw), profile.at(b)
+        assert (got.peak_bytes, got.at_peak, got.device_peak_bytes) == (
+            step.peak_bytes, step.at_peak, step.device_peak_bytes), b
