@@ -4,17 +4,18 @@
 
 What one rank holds under ZeRO (zero.py) is found as everything else in
 fit is: by running the step, here the real sharded step of the Trainer
-(FlatShards, ShardedAccumulator, ShardedGradScaler, total_norm) on the meta
-device, as rank 0 of N. The other ranks are not run: MetaCommunicator
-answers each collective with what it would leave on this rank, an array of
-the right shape and dtype with no values. One rank stands for all of them
-because they hold the same: every shard has the same S = ceil(P / N)
-elements (the last one padded), each rank's micro-batch has the same
-shape, and what a rank does differently from another (which chunk it adds
-into its buffer, which slice of the flat array is its own) is done in
-place, allocating nothing. tests/test_fit_zero.py runs every rank on the
-meta device and finds the same bytes, and runs the real step under
-`mpiexec -n 2` and finds the predicted bytes on each rank.
+(FlatShards, ShardedAccumulator, ShardedGradScaler, total_norm, and at stage
+3 Stage3Hooks' gathers) on the meta device, as rank 0 of N. The other ranks
+are not run: MetaCommunicator answers each collective with what it would
+leave on this rank, an array of the right shape and dtype with no values.
+One rank stands for all of them because they hold the same: every shard has
+the same S = ceil(P / N) elements (the last one padded), each rank's
+micro-batch has the same shape, every rank gathers the same whole blocks at
+stage 3, and what a rank does differently from another (which chunk it adds
+into its buffer, which slice of the flat array is its own) is done in place,
+allocating nothing. tests/test_fit_zero.py runs every rank on the meta
+device and finds the same bytes, and runs the real step under `mpiexec -n 2,
+3, 4` and finds the predicted bytes on each rank, at every stage.
 
 Beside DeepSpeed's estimators (v0.16.5, deepspeed/runtime/zero/stage_1_and_2.py
 and stage3.py): `estimate_zero2_model_states_mem_needs_all_live(model,
@@ -44,9 +45,19 @@ on 8 GPUs, one example of 1024 tokens, every block checkpointed:
     {'parameters': 5.8, 'gradients': 6.53, 'accumulation': 0.73, 'optimizer': 1.45, 'activations': 0.0, 'other': 0.0}
     >>> round(step.peak_bytes / GiB, 2)
     14.51
+    >>> round((4 * 50257 * 1600 + 18 * psi // N) / GiB, 2)   # ZeRO-3's, L the token embedding
+    3.56
+    >>> step = gpt_step(model_config("gpt2-xl"), 1, 1024, checkpointing={"segments": "every"}, processes=N,
+    ...                 zero_stage=3)
+    >>> round(step.peak_bytes / GiB, 2), round(step.device_peak_bytes / GiB, 2)
+    (4.0, 4.2)
 
-The model states are 7.98 GiB of it (4 Psi + 12 Psi / N); the rest is the
-micro-batch's whole gradient (4 Psi) and the first chunk reduced from it.
+At stage 2 the model states are 7.98 GiB of the 14.51 (4 Psi + 12 Psi / N);
+the rest is the micro-batch's whole gradient (4 Psi) and the first chunk
+reduced from it, which DeepSpeed's figure leaves out. At stage 3 the model
+states are 2.90 GiB of the 4.0 (16 Psi / N); the rest is the root's gathered
+parameters (the token embedding, which the head uses too), the activations
+and the logits' arrays.
 """
 
 from .. import backend, meta
