@@ -195,7 +195,7 @@ def add_train_arguments(parser):
     training.add_argument("--memory-report", metavar="PATH", default=None,
                           help="record the first optimizer step (all its micro-batches) and write the memory "
                                "explorer page there, one self-contained HTML file (needs Plotly: "
-                               "pip install -e \".[report]\")")
+                               "pip install -e \".[report]\"); under mpiexec, each process's step side by side")
     training.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                           help="continue from CHECKPOINT, a file or a directory (default: the newest checkpoint "
                                "in --output-dir that verifies)")
@@ -519,7 +519,11 @@ def main(argv=None):
         return args.run(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
+        abort_if_running(130)  # under mpiexec, a process interrupted alone would leave the others waiting
         return 130
+    except SystemExit as e:  # sys.exit() in the middle of a run (a callback's): the same, or the others wait forever
+        abort_if_running(e.code if isinstance(e.code, int) and e.code else 1, traceback=True)
+        raise
     except USER_ERRORS as e:  # bad input: say what is wrong in one line, no traceback (unless --debug)
         if args.debug:
             abort_if_running(2, traceback=True)

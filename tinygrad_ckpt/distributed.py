@@ -49,6 +49,12 @@ What each rank does, and when it talks to the others:
                  keep the copies identical bit for bit; a difference means a
                  bug, so it stops the run rather than averaging it away.
 
+A process that fails: one that dies (killed, out of memory) is seen by
+mpiexec, which ends the others; one that raises, or calls sys.exit, in the
+command line ends them all with MPI_Abort (`abort_if_running`, from
+cli.main). Either way no process is left waiting in a collective for a
+message that will never come, ZeRO's sharded ones included.
+
 What it leaves out, on purpose: PyTorch's DistributedDataParallel starts
 all-reducing a bucket while the last backward is still running (overlap); here
 the all-reduce comes after, so the step is easy to see. MPI sends host
@@ -59,7 +65,7 @@ CUDA-aware). With dropout, every rank seeds its generator with the same seed
 whole eval set (the same number), and only rank 0 prints and saves.
 
 What lives here: `DataParallel` (the hooks the Trainer calls), `Communicator`
-(mpi4py's communicator with the three collectives used, each call counted),
+(mpi4py's communicator with the collectives used, each call counted),
 `shard`, `bucket_buffers`, `from_environment` and `abort_if_running` (for the
 command line). This is the only file that imports mpi4py, and only when asked.
 What does not live here: the accumulation buffers and the normalisation
@@ -151,7 +157,7 @@ def bucket_buffers(accumulator):
 
 
 class Communicator:
-    """An MPI communicator with the three collectives data parallelism uses and ZeRO's three, each call counted.
+    """An MPI communicator with the collectives data parallelism uses and ZeRO's three, each call counted.
 
     `calls` counts the calls by kind and `bytes_all_reduced` the bytes summed:
     that is how the tests, and tutorial 8, check that an optimizer step sends
@@ -163,7 +169,7 @@ class Communicator:
         self.comm = self.MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.calls = {"all_reduce": 0, "broadcast": 0, "all_gather": 0, "reduce_scatter": 0, "reduce": 0,
-                      "all_gather_arrays": 0}
+                      "all_gather_arrays": 0, "gather": 0}
         self.bytes_all_reduced = 0
         self.bytes_sent = {"reduce_scatter": 0, "reduce": 0, "all_gather_arrays": 0}  # ZeRO's (zero.py): the input's bytes
 
@@ -229,6 +235,11 @@ class Communicator:
         self.calls["all_gather"] += 1
         return self.comm.allgather(value)
 
+    def gather(self, value, root=0):
+        """[value of rank 0, value of rank 1, ...] on process `root`, None on the others (Python values)."""
+        self.calls["gather"] += 1
+        return self.comm.gather(value, root=root)
+
 
 class DataParallel:
     """Train one model on N processes as if one process ran the whole effective batch.
@@ -261,26 +272,53 @@ class DataParallel:
 
     # -- once, at the start ---------------------------------------------------------
     def prepare(self, model, accumulator, args=None, train_dataset=None, tokenizer=None):
-        """Check that all ranks agree, give them rank 0's parameters, bucket the accumulation buffers.
+        """Check that all ranks agree (`agree`), give them rank 0's parameters, bucket the accumulation buffers.
 
-        Compared, in this order, each an error on every rank naming what
-        differs and on which rank: the parameters' names, shapes and dtypes,
-        the training arguments, the model's configuration (a dataclass
-        `model.config`, as GPTConfig), the tokenizer (its state_dict), and
-        the training data: its size, and its `fingerprint()` where the
-        data set has one (CharDataset: a CRC-32 of its tokens; a data set
-        without one is compared by size only, since reading all of it to
-        hash it could take long). Every rank must read the same data the
-        same way, or their shares would overlap or miss examples; so the
-        data set must also hold at least one micro-batch for every rank.
+        The parameters compared are the accumulator's; under ZeRO the shard
+        layout is compared too (what it reduce-scatters and all-gathers: a
+        rank that cut it otherwise would exchange the wrong elements, or wait
+        for a message of another size).
         """
         names = {id(p): name for name, p in model.named_parameters()}
         missing = [i for i, p in enumerate(accumulator.parameters) if id(p) not in names]
         if missing:
             raise ValueError(f"the accumulator holds {len(missing)} parameter(s) that are not the model's")
         self.named_parameters = [(names[id(p)], p) for p in accumulator.parameters]
+        self.agree(model, args, train_dataset, tokenizer, self.named_parameters)
+        layout = getattr(accumulator, "layout", None)  # ZeRO (zero.py): every rank must cut the flat arrays alike
+        if layout is not None:
+            self.same_everywhere("the ZeRO shard layout (each flat array's dtype, elements P, shard size S)",
+                                 [(str(shard.dtype), sum(layout.parameters[i].data.size for i in members), S)
+                                  for (_, members, S), shard in zip(layout.groups, layout.shards)])
+        for p in model.parameters():  # rank 0's values everywhere, frozen ones too (once: one call per tensor is fine)
+            self.comm.broadcast_(p.data)
+        for _, buf in model.named_buffers():
+            self.comm.broadcast_(buf.data)
+        # ZeRO's accumulator (zero.py) has its flat arrays already, padded to equal shards
+        self.flat_buffers = accumulator.flats if hasattr(accumulator, "reduce_scatter_") else bucket_buffers(accumulator)
+        return self
+
+    def agree(self, model, args=None, train_dataset=None, tokenizer=None, named_parameters=None):
+        """Raise an error on every rank unless all hold the same model, arguments, tokenizer and data.
+
+        Compared, in this order, each an error on every rank naming what
+        differs, on which rank, and (with more than two) every rank's value
+        of it: the parameters' names, shapes and dtypes (`named_parameters`,
+        default the model's), the training arguments (ZeRO's stage among
+        them), the model's configuration (a dataclass `model.config`, as
+        GPTConfig), the tokenizer (its state_dict), and the training data:
+        its size, and its `fingerprint()` where the data set has one
+        (CharDataset: a CRC-32 of its tokens; a data set without one is
+        compared by size only, since reading all of it to hash it could take
+        long). Every rank must read the same data the same way, or their
+        shares would overlap or miss examples; so the data set must also hold
+        at least one micro-batch for every rank. Only small values are sent,
+        so call it before anything whose size each rank computes from its own
+        model (`prepare` does).
+        """
         self.same_everywhere("the model's parameters (name, shape, dtype)",
-                             [(name, tuple(p.shape), str(p.dtype)) for name, p in self.named_parameters])
+                             [(name, tuple(p.shape), str(p.dtype)) for name, p in
+                              (model.named_parameters() if named_parameters is None else named_parameters)])
         if args is not None:
             self.same_everywhere("the training arguments", sorted(asdict(args).items()))
         config = getattr(model, "config", None)
@@ -300,13 +338,6 @@ class DataParallel:
                     f"the {self.world_size} processes (per_device_train_batch_size={B} x {self.world_size} = "
                     f"{B * self.world_size}); use fewer processes, a smaller batch size, or more data"
                 )
-        for p in model.parameters():  # rank 0's values everywhere, frozen ones too (once: one call per tensor is fine)
-            self.comm.broadcast_(p.data)
-        for _, buf in model.named_buffers():
-            self.comm.broadcast_(buf.data)
-        # ZeRO's accumulator (zero.py) has its flat arrays already, padded to equal shards
-        self.flat_buffers = accumulator.flats if hasattr(accumulator, "reduce_scatter_") else bucket_buffers(accumulator)
-        return self
 
     def raise_if_any(self, error):
         """Raise DistributedError on every rank if any rank passes an exception; `error` is None where all is well.
@@ -324,10 +355,11 @@ class DataParallel:
         values = self.comm.all_gather(value)
         for rank, other in enumerate(values):
             if other != values[0]:
-                theirs, reference = _first_difference(other, values[0])
+                parts = _first_difference(values, rank)
+                every = "" if len(values) == 2 else f" (rank by rank: {', '.join(f'{r} {p}' for r, p in enumerate(parts))})"
                 raise DistributedError(
-                    f"the processes disagree on {what}: rank {rank} has {theirs} where rank 0 has "
-                    f"{reference}; start every process with the same command, model and data"
+                    f"the processes disagree on {what}: rank {rank} has {parts[rank]} where rank 0 has "
+                    f"{parts[0]}{every}; start every process with the same command, model and data"
                 )
 
     # -- every micro-batch -------------------------------------------------------------
@@ -379,14 +411,19 @@ class DataParallel:
                     )
 
 
-def _first_difference(value, reference):
-    """(value's part, reference's part) where two gathered values first differ (lists compared item by item)."""
-    if isinstance(value, list) and isinstance(reference, list):
-        for mine, theirs in zip(value, reference):
-            if mine != theirs:
-                return repr(mine), repr(theirs)
-        return f"{len(value)} entries", f"{len(reference)}"
-    return repr(value), repr(reference)
+def _first_difference(values, rank):
+    """Every rank's part of the gathered `values` where rank `rank`'s first differs from rank 0's.
+
+    Lists are compared entry by entry, and each rank's entry at the first
+    difference is given; other values whole.
+    """
+    value, reference = values[rank], values[0]
+    if not (isinstance(value, list) and isinstance(reference, list)):
+        return [repr(v) for v in values]
+    i = next((i for i, (a, b) in enumerate(zip(value, reference)) if a != b), None)
+    if i is None:  # one is the other and more
+        return [f"{len(v)} entries" for v in values]
+    return [repr(v[i]) if i < len(v) else f"{len(v)} entries" for v in values]
 
 
 # -- for the command line -------------------------------------------------------------

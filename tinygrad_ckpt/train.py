@@ -430,6 +430,9 @@ class Trainer:
                 model.gradient_checkpointing_enable(**kwargs)
             except TypeError as e:  # a value the model cannot take: the user's arguments, not a bug
                 raise ValueError(f"gradient_checkpointing_kwargs {args.gradient_checkpointing_kwargs}: {e}") from None
+        if distributed is not None:  # agree before anything is sent: each sizes ZeRO's shards from its own model
+            distributed.agree(model, args, train_dataset, tokenizer,
+                              [(name, p) for name, p in model.named_parameters() if p.requires_grad])
         self.zero = args.zero_stage if distributed is not None else 0  # one process has nothing to shard
         trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones: neither stepped nor sharded
         if self.zero:  # the optimizer steps this process's shards; the accumulator sums into them (zero.py)

@@ -17,7 +17,8 @@ for one step of your own:
     >>> out.cleanup()
 
 and `Trainer(..., callbacks=[MemoryReport(path)])` (`train --memory-report
-PATH`) for one optimizer step of a run.
+PATH`) for one optimizer step of a run; under `mpiexec -n N`, one page with
+each process's step side by side (`write_processes`).
 
 For each workload and strategy the page holds a stacked timeline of one
 training step by memory category (memory.py's events), with the forward,
@@ -140,6 +141,25 @@ def write_timeline(timeline, path, title=None):
     return path
 
 
+def write_processes(timelines, peaks, path):
+    """Write one page of each process's timeline, side by side (`mpiexec -n N train --memory-report`); returns path.
+
+    timelines: process r's memory.Timeline at [r]; peaks: process r's
+    memory.peak() by the end of that step, which its panel's title gives.
+    """
+    sections = []
+    for rank, (timeline, peak) in enumerate(zip(timelines, peaks)):
+        title = f"process {rank}: {html.escape(timeline.name)}, peak {format_bytes(peak)} ({peak:,} bytes)"
+        body, data = _timeline_section(f"timeline-process{rank}", title, {timeline.name: timeline}, "")
+        sections.append((body, {**data, "process": rank, "memory_peak": peak}))
+    intro = ("<p class='run'>Each process's own bytes, side by side; the peak in each title is memory.py's peak "
+             "of that process by the end of this step (the one it prints at the end of a run whose peak came "
+             "then).</p>")
+    write_text(path, _page(f"Memory explorer: {len(sections)} processes", intro, sections, [], None, None,
+                           side_by_side=True))
+    return path
+
+
 class MemoryReport(TrainerCallback):
     """One optimizer step of a training run, all its micro-batches, recorded and written as this page.
 
@@ -147,6 +167,8 @@ class MemoryReport(TrainerCallback):
     callbacks=[MemoryReport(path)]). The path is checked when the report is
     made, before any step; the first optimizer step is recorded (memory.timeline)
     from its first micro-batch to its update, and only the main process writes.
+    With several processes (data parallelism, ZeRO: their bytes differ) each
+    records its own step, and process 0 gathers them onto one page, side by side.
     """
 
     def __init__(self, path):
@@ -170,10 +192,16 @@ class MemoryReport(TrainerCallback):
             return None
         self.recording.close()
         self.recording, self.done = None, True
-        if not trainer.is_main_process:
-            return None
         name = f"optimizer step {trainer.state.global_step}"
         timeline = Timeline(self.events, name=name, before=self.before)
+        if trainer.world_size > 1:  # every process's timeline and peak to process 0, which writes them
+            gathered = trainer.distributed.comm.gather((timeline.to_dict(), memory.peak()[0]))
+            if trainer.is_main_process:
+                write_processes([Timeline.from_dict(t) for t, _ in gathered], [p for _, p in gathered], self.path)
+                return (f"memory report: {self.path} ({os.path.getsize(self.path) / 2**20:.1f} MiB; {name} of each "
+                        f"of the {len(gathered)} processes, side by side)")
+        if not trainer.is_main_process:
+            return None
         write_timeline(timeline, self.path)
         i, peak = timeline.peak()
         return (f"memory report: {self.path} ({os.path.getsize(self.path) / 2**20:.1f} MiB; {name}: {len(timeline)} "
@@ -480,8 +508,9 @@ def _tradeoff_chart(results, curve, i):
 
 
 # -- the page ----------------------------------------------------------------------------------------
-def _page(title, intro, sections, charts, tables, results, bench=False):
-    """The whole page. bench: the bench's page (its tables hold each step's peak, memory.py's)."""
+def _page(title, intro, sections, charts, tables, results, bench=False, side_by_side=False):
+    """The whole page. bench: the bench's page (its tables hold each step's peak, memory.py's);
+    side_by_side: the sections in one row (one a process: write_processes)."""
     data = {"timelines": [d for _, d in sections], "charts": charts, "results": results}
     overlay = any(len(d["strategies"]) > 1 for _, d in sections)  # a 'compare with' control is on the page
     casts = any(t["name"] == CASTS for _, d in sections for step in d["steps"].values() for t in step["figure"]["data"])
@@ -517,7 +546,8 @@ def _page(title, intro, sections, charts, tables, results, bench=False):
            "line up with these (a recompute adds events)." if overlay else "")
         + f" {peaks}</p></details>",
     ]
-    parts += [body for body, _ in sections]
+    bodies = "".join(body for body, _ in sections)
+    parts.append(f"<div class='side-by-side' style='--panels: {len(sections)}'>{bodies}</div>" if side_by_side else bodies)
     if charts:
         parts.append("<section id='tradeoff'><h2>The budget planner: memory against time</h2>"
                      "<p class='note'>Each point of the line is a plan the planner chose for a budget (a fraction of "
