@@ -274,14 +274,19 @@ def storage(array):
 
 
 def address(array):
-    """Where `array`'s first element lies in memory (NumPy's or CuPy's pointer): a view's place in its base."""
-    return array.__array_interface__["data"][0] if isinstance(array, numpy.ndarray) else array.data.ptr
+    """Where `array`'s first element lies in memory (NumPy's or CuPy's pointer): a view's place in its base.
+    The meta device has no memory: its bytes from its base's first (meta.ndarray.offset), a place all the same."""
+    if isinstance(array, numpy.ndarray):
+        return array.__array_interface__["data"][0]
+    return array.offset if device_of(array) == "meta" else array.data.ptr
 
 
 def view_at(base, offset, shape, strides):
-    """The view of `base` that starts `offset` bytes in, with this shape and these strides (NumPy or CuPy)."""
+    """The view of `base` that starts `offset` bytes in, with this shape and these strides (NumPy, CuPy, meta)."""
     if isinstance(base, numpy.ndarray):
         return numpy.ndarray(shape, base.dtype, buffer=base, offset=offset, strides=strides)
+    if device_of(base) == "meta":
+        return module_of(base).ndarray(shape, base.dtype, strides, storage(base), base.offset + offset)
     return module_of(base).ndarray(shape, base.dtype, memptr=base.data + offset, strides=strides)
 
 

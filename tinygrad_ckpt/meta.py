@@ -118,6 +118,14 @@ class Count:
 
     def reset_peak(self):
         self.peak = self.live
+
+    def adopt(self, array):
+        """Count `array`, made before this count began, as live in it from now on and as freed from it when it
+        is freed (ZeRO's flat arrays replace a model's parameters: fit/sharded.py)."""
+        if array.base is None and array._count is not self:
+            array._count = self
+            self.live += array.nbytes
+            self.peak = builtins.max(self.peak, self.live)
         if self.points is not None:
             self.points = _array.array("q")
 
@@ -163,11 +171,11 @@ _VIEWS = {}  # (shape, strides, dtype, the view asked) -> the view's (shape, str
 class ndarray(backend.ReadsRefused):
     """A shape, a dtype, strides and, for a view, the array owning the memory (`base`). No data."""
 
-    __slots__ = ("shape", "dtype", "strides", "base", "nbytes", "contiguous", "_count", "__weakref__")
+    __slots__ = ("shape", "dtype", "strides", "base", "offset", "nbytes", "contiguous", "_count", "__weakref__")
     __array_ufunc__ = None  # NumPy's operators defer to ours
     __hash__ = None
 
-    def __init__(self, shape, dtype, strides=None, base=None):
+    def __init__(self, shape, dtype, strides=None, base=None, offset=0):
         shape = self.shape = shape if type(shape) is tuple else tuple(int(n) for n in shape)
         dtype = self.dtype = dtype if isinstance(dtype, numpy.dtype) else numpy.dtype(dtype)
         nbytes, contiguous = _contiguous(shape, dtype)
@@ -179,6 +187,7 @@ class ndarray(backend.ReadsRefused):
             self.contiguous = strides == contiguous or all(
                 s == c or n == 1 for s, c, n in zip(strides, contiguous, shape))
         self.base = base
+        self.offset = offset  # a view's first byte, counted from its base's (backend.address)
         if base is None:  # new memory: counted until the array is freed
             self._count = count
             count.live += nbytes
@@ -234,20 +243,24 @@ class ndarray(backend.ReadsRefused):
     def _view(self, asked, ask):
         """The view NumPy makes: ask(a NumPy array of this layout, _layout). A step asks the same few views
         again and again, so each answer is kept by layout and question (`asked`, hashable); None, kept too,
-        where NumPy would copy (a reshape it cannot make a view of raises ValueError)."""
+        where NumPy would copy (a reshape it cannot make a view of raises ValueError). The layout's answer
+        gives the view's offset in bytes too, as where its first element moved to."""
         key = (self.shape, self.strides, self.dtype, asked)
         layout = _VIEWS.get(key, _VIEWS)
         if layout is _VIEWS:
             try:
-                view = ask(self._layout())
-                layout = _VIEWS[key] = (view.shape, view.strides)
+                layout = self._layout()
+                view = ask(layout)
+                moved = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
+                layout = _VIEWS[key] = (view.shape, view.strides, moved)
             except ValueError:
                 if asked[0] != "reshape":
                     raise
                 layout = _VIEWS[key] = None
         if layout is None:
             return None
-        return ndarray(layout[0], self.dtype, layout[1], self.base if self.base is not None else self)
+        return ndarray(layout[0], self.dtype, layout[1], self.base if self.base is not None else self,
+                       self.offset + layout[2])
 
     def reshape(self, *shape, order="C"):
         shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], numbers.Integral) else shape

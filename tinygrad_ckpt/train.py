@@ -655,7 +655,7 @@ class Trainer:
         overflow = self.scaler.unscale_(self.optimizer)  # fp16: p.grad /= scale, once, before clipping
         params = self.optimizer.params
         if self.zero:  # each process holds a shard of the gradients: the norm is summed across them
-            grad_norm = float(total_norm(params, self.distributed.comm))
+            grad_norm = total_norm(params, self.distributed.comm)  # None on the meta device (fit)
             if self.args.max_grad_norm:
                 clip_grads_with_norm_(params, self.args.max_grad_norm, grad_norm)
         elif self.args.max_grad_norm:

@@ -529,5 +529,8 @@ def total_norm(parameters, comm):
     for p in parameters:
         if p.grad is not None:
             g = p.grad.data
-            squares += float(backend.to_host(backend.as_array(backend.module_of(g).vdot(g, g))))
-    return comm.all_reduce_(numpy.array([squares]))[0] ** 0.5
+            square = backend.as_array(backend.module_of(g).vdot(g, g))
+            if not backend.holds_values(backend.device_of(square)):
+                return None  # the meta device (fit): the square is made, as get_total_norm's; no number to give
+            squares += float(backend.to_host(square))
+    return float(comm.all_reduce_(numpy.array([squares]))[0] ** 0.5)

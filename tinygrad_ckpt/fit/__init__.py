@@ -23,6 +23,7 @@ One idea a file:
   table.py        the plan as text
   command.py      tinygrad-ckpt fit
   progress.py     the progress bar of a long fit
+  sharded.py      one process of N under ZeRO: the other processes' collectives stood in for
 
 What does not live here: the meta device (meta.py), the saved-activation
 formulas (activations.py), the planner (schedules.py), the command line (cli.py).

@@ -18,6 +18,7 @@ no checkpointing, every link of the chain and sqrt(n), each in float32 and 16-bi
   tinygrad-ckpt fit --model gpt2-xl --memory a100-80gb --effective-batch-size 512 --processes 8
   tinygrad-ckpt fit --model gpt2 --n-layer 24 --memory 24GiB --seq-len 512
   tinygrad-ckpt fit --model gpt2-large --memory t4 --dtype bfloat16 --mixed-precision
+  tinygrad-ckpt fit --model gpt2-xl --memory v100-16gb --effective-batch-size 8 --processes 8 --zero-stage 2
   tinygrad-ckpt fit --model cnn --image-size 224 --widths 64,128,256,512 --memory v100-16gb --effective-batch-size 256
 
 GPUs: """ + ", ".join(GPUS) + """ (the total CUDA reports for each, less 0.5 GiB for the CUDA
@@ -29,11 +30,12 @@ FLAGS = {"seq_len": "--seq-len", "effective_batch_size": "--effective-batch-size
          "planner_layers": "--planner-layers", "block_size": "--block-size", "vocab_size": "--vocab-size",
          "n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "dropout": "--dropout",
          "hidden_size": "--hidden-size", "image_size": "--image-size", "widths": "--widths",
-         "device memory": "--memory", "model preset": "--model"}
+         "device memory": "--memory", "model preset": "--model", "zero_stage": "--zero-stage"}
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "dropout")  # GPTConfig fields with a flag
 KIND_FLAGS = ("hidden_size", "image_size", "widths")  # the other kinds' size flags that are no GPT's
 # The flags only a GPT takes, by dest name, and their defaults (given otherwise, they are refused for a kind).
-GPT_ONLY = dict(seq_len=None, no_bias=False, no_tie_weights=False, nested_plans=False, planner_layers=None)
+GPT_ONLY = dict(seq_len=None, no_bias=False, no_tie_weights=False, nested_plans=False, planner_layers=None,
+                zero_stage=None)
 
 
 def add_arguments(parser):
@@ -52,8 +54,14 @@ def add_arguments(parser):
     run.add_argument("--seq-len", type=int, default=None, help="tokens per example (default: the block size)")
     run.add_argument("--effective-batch-size", type=int, default=8,
                      help="examples per optimizer step, all processes together (default: %(default)s)")
-    run.add_argument("--processes", type=int, default=1,
-                     help="data-parallel processes, one per GPU (default: %(default)s)")
+    run.add_argument("--processes", type=int, default=None,
+                     help="data-parallel processes, one per GPU (default: 1)")
+    run.add_argument("--zero-stage", type=int, default=None, metavar="S",
+                     help="with --processes N: every peak is one process's of N under ZeRO stage S (zero.py: 1 "
+                          "shards the optimizer state, 2 the accumulation buffers too), run on the meta device, not "
+                          "a formula; adds a row per stage, and where nothing fits names the stage and processes "
+                          "that do. DeepSpeed's estimate_zero2/3_model_states_mem_needs_all_live count the model "
+                          "states only, no activations or buffers (fit/sharded.py)")
     run.add_argument("--dtype", default="float32", help="float32, float64, float16 or bfloat16 (default: %(default)s)")
     run.add_argument("--mixed-precision", action=argparse.BooleanOptionalAction, default=None,
                      help="for float16/bfloat16, required: float32 master weights and AdamW moments "
@@ -107,9 +115,12 @@ def run(args):
         fields.update({"bias": False} if args.no_bias else {})
         fields.update({"tie_weights": False} if args.no_tie_weights else {})
         model = args.model if not fields else {**GPT2[args.model].__dict__, **fields}
+        if args.zero_stage is not None and args.processes is None:
+            raise ValueError(f"--zero-stage {args.zero_stage} shards across processes: add --processes N, the "
+                             "number of GPUs (one process each) to plan for")
         plan = plan_training(model, args.seq_len, args.effective_batch_size, args.memory, args.dtype,
-                             args.mixed_precision, args.processes, _reserve(args), args.nested_plans,
-                             24 if args.planner_layers is None else args.planner_layers)
+                             args.mixed_precision, _processes(args), _reserve(args), args.nested_plans,
+                             24 if args.planner_layers is None else args.planner_layers, args.zero_stage)
     except ValueError as e:
         raise ValueError(_flag_names(str(e))) from None
     if not isinstance(args.model, str) or fields:
@@ -125,9 +136,14 @@ def _run_kind(args):
             + [name for name, default in GPT_ONLY.items() if getattr(args, name) != default], args.model, takes)
     sizes = {name: getattr(args, name) for name in KINDS[args.model].sizes if getattr(args, name) is not None}
     plan = plan_kind(args.model, sizes, args.effective_batch_size, args.memory, args.dtype, args.mixed_precision,
-                     args.processes, _reserve(args), args.vocab_size)
+                     _processes(args), _reserve(args), args.vocab_size)
     print(plan)
     return 0
+
+
+def _processes(args):
+    """--processes (None: 1)."""
+    return 1 if args.processes is None else args.processes
 
 
 def _reserve(args):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from .. import activations
 from ..nn.transformer import GPT, GPTConfig
 from ..schedules import LayerCost, Plan, minimum_budget, plan_checkpoints
+from ..zero import STAGES as ZERO_STAGES
 from . import progress
 from .batch_sizes import profile_gpt
 from .inputs import DEFAULT_RESERVE, GPUS, Precision, device_memory_bytes, format_size, model_config, positive_int, precision
@@ -80,6 +81,7 @@ class Recommendation:
     training_arguments: str  # None if nothing fits
     reason: str
     shortfall_bytes: int = 0  # for "does not fit": the least any strategy needs beyond the memory
+    processes: int = None  # the processes its TrainingArguments run on (mpiexec -n), where not the plan's
 
 
 @dataclass
@@ -100,6 +102,8 @@ class TrainingPlan:
     recommendation: Recommendation = None
     headline: str = None  # a model kind's (fit/kinds.py): what it is, in place of the GPT's config
     other_rows: list = field(default_factory=list)  # a kind's rows in the other precision: shown, not recommended from
+    zero_stage: int = None  # plan_training's zero_stage: every row is one process's step of that stage (fit/sharded.py)
+    stage_rows: list = field(default_factory=list)  # with zero_stage: the recommended strategy at each ZeRO stage
 
     @property
     def batch_per_process(self):
@@ -114,7 +118,7 @@ class TrainingPlan:
 
 def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_memory="a100-80gb", dtype="float32",
                   mixed_precision=None, processes=1, reserve_bytes=None, nested_plans=False,
-                  planner_layers=24):
+                  planner_layers=24, zero_stage=None):
     """Will a GPT training step fit, with which technique? A TrainingPlan (print it for the table).
 
     model: a GPTConfig, a GPT-2 preset ("gpt2", "gpt2-medium", "gpt2-large",
@@ -131,7 +135,12 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     run). planner_layers: the planner may cut the chain every
     ceil(n_layer / planner_layers) blocks (every block up to 24 blocks, every
     second for GPT-2 XL's 48): schedules.plan_checkpoints' search grows
-    quickly with the number of places it may cut.
+    quickly with the number of places it may cut. zero_stage: 0, 1, 2 (3
+    once zero.py has it): every row is then one process's step of
+    `processes` under that ZeRO stage (TrainingArguments.zero_stage), run on
+    the meta device (fit/sharded.py); the plan adds a row per stage, and
+    where nothing fits, the recommendation names the stage and the number
+    of processes that make one example fit (see `zero_rescue`).
 
     Raises ValueError naming the field for bad input.
     """
@@ -148,6 +157,9 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
                          f"({processes}): "
                          "each process takes the same share")
     positive_int("planner_layers", planner_layers)
+    if zero_stage is not None and zero_stage not in ZERO_STAGES:
+        raise ValueError(f"zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} (zero.py's stages), got "
+                         f"{zero_stage!r}")
     memory_bytes, label = device_memory_bytes(device_memory)
     if reserve_bytes is None:  # a GPU preset: its CUDA context; a size given: taken as what the process can have
         preset = isinstance(device_memory, str) and device_memory.strip().lower() in GPUS
@@ -160,13 +172,20 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     plan = TrainingPlan(config, name, seq_len, effective_batch_size, processes, memory_bytes, label,
                         memory_bytes - reserve_bytes, prec, parameters)
     run = dict(dtype=prec.dtype, autocast=prec.autocast)
+    if zero_stage is not None:
+        plan.zero_stage = zero_stage
+        run.update(processes=processes, zero_stage=zero_stage)
     profiles = {}
     with progress.shown(2 * len(STRATEGIES) + 3, f"fit {name}"):  # each strategy at two micro-batches; the planner
         for key, label_, checkpointing in STRATEGIES:
+            if zero_stage == 3 and _stage3_refuses(checkpointing):
+                continue  # not a row: train.py refuses it at stage 3
             profiles[key] = profile_gpt(config, seq_len, checkpointing=checkpointing, **run)
             plan.rows.append(_row(plan, key, label_, checkpointing, profiles[key], _ratio(profiles[key].at(1))))
         plan.rows.append(_planner_row(plan, run, nested_plans, planner_layers, profiles["every"]))
     plan.recommendation = recommend(plan)
+    if zero_stage is not None:
+        _add_stages(plan, run, profiles)
     return plan
 
 
@@ -327,14 +346,76 @@ def recommend(plan):
                           f"{format_size(short)} more than the {format_size(plan.usable_bytes)} usable", short)
 
 
+# -- ZeRO: a row per stage, and the stage and processes that make a model fit ----------------------
+def _add_stages(plan, run, profiles):
+    """plan.stage_rows: the strategy the recommendation rests on (the least-memory one if none fits), one row a
+    ZeRO stage on plan.processes processes; and, where nothing fits, zero_rescue's answer as the recommendation."""
+    rec = plan.recommendation
+    base = rec.strategy or min(plan.rows, key=lambda r: r.memory.device_peak_bytes)
+    for stage in ZERO_STAGES:
+        label, checkpointing = _at_stage(plan, base, stage)
+        profile = profile_gpt(plan.config, plan.seq_len, checkpointing=checkpointing, **{**run, "zero_stage": stage})
+        plan.stage_rows.append(_row(plan, f"stage {stage}", f"ZeRO stage {stage}, {label}", checkpointing, profile,
+                                    _ratio(profile.at(1))))  # stage 3 recomputes whole blocks
+    if rec.verdict == VERDICTS[4]:
+        plan.recommendation = zero_rescue(plan, run, base) or rec
+
+
+def _stage3_refuses(checkpointing):
+    """Stage 3 gathers a block's parameters when the block is called, so its recompute must call whole blocks:
+    train.py refuses a policy or half blocks there."""
+    return bool(checkpointing) and (checkpointing.get("policy") is not None or bool(checkpointing.get("split_blocks")))
+
+
+def _at_stage(plan, row, stage):
+    """(label, checkpointing) of `row`'s strategy at `stage`: every block's where stage 3 refuses it."""
+    if stage == 3 and _stage3_refuses(row.checkpointing):
+        every = plan.row("every")
+        return f"{every.label} (stage 3 refuses {row.label})", every.checkpointing
+    return row.label, row.checkpointing
+
+
+def zero_rescue(plan, run, least, most=1024):
+    """Where not one example fits: the fewest processes (plan.processes, doubled up to `most`) at which some
+    ZeRO stage fits a micro-batch of 1 with the least-memory strategy `least`, and the lowest such stage
+    (stages 1 and 2 send what data parallelism sends, stage 3 half as much again); None if none does.
+
+    Each candidate is run, one process's step on the meta device, as the rows are: no formula. Every process
+    then takes micro-batches of 1, so the effective batch is a multiple of the processes.
+    """
+    n = max(2, plan.processes)
+    while n <= most:
+        for stage in ZERO_STAGES[1:]:
+            label, checkpointing = _at_stage(plan, least, stage)
+            step = gpt_step(plan.config, 1, plan.seq_len, checkpointing=checkpointing,
+                            **{**run, "processes": n, "zero_stage": stage})
+            if step.device_peak_bytes <= plan.usable_bytes:
+                steps = -(-plan.effective_batch_size // n)
+                row = StrategyFit(f"stage {stage}", f"ZeRO stage {stage} on {n} processes, {label}", checkpointing,
+                                  1, 1, steps, step, _ratio(step))
+                args = _arguments(plan, row, stage)
+                batch = "" if steps * n == plan.effective_batch_size else (
+                    f"; the effective batch becomes {steps * n}, a multiple of the {n} processes")
+                return Recommendation(VERDICTS[4], row, args,
+                                      f"not on {plan.processes} process{'es' if plan.processes > 1 else ''}; with ZeRO "
+                                      f"stage {stage} on {n} processes and {label}, one example needs "
+                                      f"{format_size(step.device_peak_bytes)} a process, of "
+                                      f"{format_size(plan.usable_bytes)} usable{batch}", processes=n)
+        n *= 2
+    return None
+
+
 def _examples(n):
     """'1 example fits', '3 examples fit'."""
     return "1 example fits" if n == 1 else f"{n} examples fit"
 
 
-def _arguments(plan, row):
-    """The TrainingArguments line (this engine's train.py) for a row at its micro-batch."""
+def _arguments(plan, row, zero_stage=None):
+    """The TrainingArguments line (this engine's train.py) for a row at its micro-batch (and ZeRO stage)."""
+    zero_stage = plan.zero_stage if zero_stage is None else zero_stage
     args = [f"per_device_train_batch_size={row.micro_batch}"]
+    if zero_stage:
+        args.insert(0, f"zero_stage={zero_stage}")
     if row.accumulation_steps > 1:
         args.append(f"gradient_accumulation_steps={row.accumulation_steps}")
     if plan.precision.autocast:

@@ -26,6 +26,7 @@ from ..nn.transformer import GPT
 from . import progress
 from .inputs import dtype_of
 from .recorder import _Recorder
+from .sharded import MetaDataParallel
 
 
 @dataclass
@@ -64,7 +65,8 @@ class StepMemory:
     scratch_points: numpy.ndarray = field(default=None, repr=False)  # the meta device's live bytes after every allocation
 
 
-def estimate_step(model, batch_shapes, compute_loss_func=None, training_arguments=None, device="cuda"):
+def estimate_step(model, batch_shapes, compute_loss_func=None, training_arguments=None, device="cuda", processes=1,
+                  rank=0):
     """One optimizer step of `model`, run by the Trainer on the meta device: a StepMemory.
 
     >>> from tinygrad_ckpt import Tensor, functional as F
@@ -87,7 +89,10 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     "input_ids" and "labels". training_arguments: a TrainingArguments or a dict
     of its fields (gradient checkpointing, accumulation dtype, optimizer...);
     per_device_train_batch_size is the batch's first axis. device: "cuda" or
-    "cpu", the device the meta device stands in for (meta.like).
+    "cpu", the device the meta device stands in for (meta.like). processes,
+    rank: the step of rank `rank` of that many data-parallel processes, each
+    given a micro-batch of the batch's shape (the other ranks stood in for:
+    fit/sharded.py); training_arguments' zero_stage then shards it (zero.py).
 
     The model is left as the Trainer leaves it (checkpointing switched on if asked).
     A step that asks for a value (`.item()`, `if loss > 0:`) cannot be sized
@@ -98,6 +103,9 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
 
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1 or not 0 <= rank < processes:
+        raise ValueError(f"processes must be an integer of at least 1 and rank one of 0 .. processes - 1, got "
+                         f"processes={processes!r}, rank={rank!r}")
     if not batch_shapes:
         raise ValueError("batch_shapes is empty: give each field of a micro-batch as name: (shape, dtype)")
     shapes = {name: (tuple(shape), numpy.dtype(dtype)) for name, (shape, dtype) in batch_shapes.items()}
@@ -124,7 +132,9 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
     try:
         with recorder, meta.counting(points=True, stands_in_for=device) as count:
             _enter(model, count)
-            trainer = Trainer(model, args, [example] * B, data_collator=collate, compute_loss_func=compute_loss_func)
+            ranks = MetaDataParallel(rank, processes) if processes > 1 else None
+            trainer = Trainer(model, args, [example] * (B * processes), data_collator=collate,
+                              compute_loss_func=compute_loss_func, distributed=ranks)
             try:
                 trainer.train()
             except meta.NeedsValues as e:
@@ -139,7 +149,7 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
         memory.tracker = previous
     points = numpy.frombuffer(recorder.checks, dtype=numpy.int64).reshape(-1, len(memory.CATEGORIES))
     highest = dict(zip(memory.CATEGORIES, map(int, points.max(axis=0))))
-    scratch = numpy.frombuffer(count.points, dtype=numpy.int64)
+    scratch = numpy.frombuffer(count.points, dtype=numpy.int64)[recorder.scratch_start:]
     return StepMemory(tracker.peak_total, dict(tracker.peak), highest, recorder.start, count.peak + constant,
                       constant, recorder.recomputed_flops, recorder.forward_flops, points, scratch)
 
@@ -158,31 +168,30 @@ def _asking_line(error):
 
 def _enter(model, count):
     """Put the model's arrays (made before the count began) in the count, as Module.to puts them."""
-    seen = set()
     for t in list(model.parameters()) + [b for _, b in model.named_buffers()]:
         base = backend.storage(t.data)
         if backend.device_of(base) != "meta":
             raise ValueError(f"the model has a {backend.device_of(base)} array: build it with device='meta'")
-        if id(base) not in seen:
-            seen.add(id(base))
-            count.live += base.nbytes
+        count.adopt(base)  # once each (a tied weight is listed once); freed from the count if ZeRO replaces it
         memory.track(t.data, "parameters" if isinstance(t, Parameter) else None)
     count.peak = count.live
 
 
 def gpt_step(config, batch_size, seq_len, dtype="float32", checkpointing=None, accumulation_dtype=None,
-             optim="adamw", device="cuda", autocast=None):
+             optim="adamw", device="cuda", autocast=None, processes=1, zero_stage=0):
     """estimate_step for nn/transformer.py's GPT (a GPTConfig) on batches of batch_size x seq_len tokens.
 
     checkpointing: None, or GPT.gradient_checkpointing_enable's arguments
     (segments, policy, split_blocks); dtype: the model's; accumulation_dtype,
     optim: as TrainingArguments'; autocast: None, "bfloat16" or "float16",
-    mixed precision as TrainingArguments' bf16 / fp16.
+    mixed precision as TrainingArguments' bf16 / fp16; processes, zero_stage:
+    one rank's step of that many, with TrainingArguments' zero_stage.
     """
-    key = (repr(config), batch_size, seq_len, dtype, repr(checkpointing), accumulation_dtype, optim, device, autocast)
+    key = (repr(config), batch_size, seq_len, dtype, repr(checkpointing), accumulation_dtype, optim, device, autocast,
+           processes, zero_stage)
     return kept(STEPS, key, lambda: dataclasses.replace(
-        _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast),
-        points=None, scratch_points=None))
+        _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast,
+                  processes, zero_stage), points=None, scratch_points=None))
 
 
 # The steps and profiles run so far, by what they depend on (not the GPU asked about): asking about
@@ -198,14 +207,15 @@ def kept(store, key, make, size=64):
     return store[key]
 
 
-def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast):
+def _gpt_step(config, batch_size, seq_len, dtype, checkpointing, accumulation_dtype, optim, device, autocast,
+              processes=1, zero_stage=0):
     """The step with every check's bytes (StepMemory.points): estimate_step on a GPT of config's size."""
     model = GPT(config, dtype=dtype_of(dtype), device="meta")
     args = dict(optim=optim, accumulation_dtype=accumulation_dtype, fp16=autocast == "float16",
-                bf16=autocast == "bfloat16")
+                bf16=autocast == "bfloat16", zero_stage=zero_stage)
     if checkpointing is not None:
         args.update(gradient_checkpointing=True, gradient_checkpointing_kwargs=dict(checkpointing))
     tokens = ((batch_size, seq_len), numpy.int64)
-    step = estimate_step(model, {"input_ids": tokens, "labels": tokens}, None, args, device)
+    step = estimate_step(model, {"input_ids": tokens, "labels": tokens}, None, args, device, processes)
     progress.ran()
     return step

@@ -43,7 +43,8 @@ def render(plan):
         f"  on {plan.memory_label} ({format_size(plan.usable_bytes)} usable)"
         + ("" if plan.headline else f", {prec.description}"),
         f"  effective batch {plan.effective_batch_size} = {plan.batch_per_process} per process x {plan.processes} "
-        f"process{'es' if plan.processes > 1 else ''}",
+        f"process{'es' if plan.processes > 1 else ''}"
+        + ("" if plan.zero_stage is None else f"; ZeRO stage {plan.zero_stage}: every peak is one process's"),
         "",
         f"Peak of one training step at the micro-batch used ({unit}; by category as memory.py counts it, "
         "'device' adds each op's scratch arrays):",
@@ -51,7 +52,7 @@ def render(plan):
     ]
     head = ["strategy", "largest", "micro x steps", "peak", "device"] + list(COLUMNS) + ["time"]
     rows = []
-    for r in plan.rows + plan.other_rows:
+    for r in plan.rows + plan.other_rows + plan.stage_rows:
         m = r.memory
         largest = "none" if not r.largest_micro_batch else (
             f"{r.largest_micro_batch:,}" if r.largest_micro_batch < 1 << 40 else "any")
@@ -59,7 +60,10 @@ def render(plan):
         rows.append([r.label, largest, micro, f"{m.peak_bytes / scale:.2f}", f"{m.device_peak_bytes / scale:.2f}"]
                     + [f"{m.at_peak[k] / scale:.2f}" for k in COLUMNS] + [f"{r.recompute_ratio - 1:+.0%}"])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    for cells in [head] + rows:
+    for k, cells in enumerate([head] + rows):
+        if plan.stage_rows and k == len(rows) - len(plan.stage_rows) + 1:
+            lines += ["", f"Each ZeRO stage, one process of {plan.processes} (zero.py; what it shards: 1 the optimizer "
+                          "state, 2 the accumulation buffers too, 3 the parameters too):", ""]
         lines.append("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths))))
     planner = next((r for r in plan.rows if r.key == "planner"), None)
     if planner is not None and planner.plan is not None and planner.checkpointing is not None:
@@ -68,7 +72,8 @@ def render(plan):
     rec = plan.recommendation
     lines += ["", f"Recommendation: {rec.verdict} ({rec.reason})."]
     if rec.training_arguments:
-        under = f", under mpiexec -n {plan.processes}" if plan.processes > 1 else ""
+        processes = rec.processes or plan.processes
+        under = f", under mpiexec -n {processes}" if processes > 1 else ""
         lines.append(f"  {rec.training_arguments}{under}")
     lines += ["", "largest: the largest micro-batch that fits in the usable memory with that strategy ('none': not "
               "even one example); micro x steps: the micro-batch used, the largest that divides the batch per process "
