@@ -363,7 +363,7 @@ GUARDED = [p for p in FILES if any(skippable for _, _, skippable in harness._pyt
 
 
 def test_the_gpu_and_mpi_tutorials_have_guarded_blocks():
-    assert {"07_on_a_gpu.md", "08_data_parallel.md"} <= {p.name for p in GUARDED}
+    assert {"07_on_a_gpu.md", "08_data_parallel.md", "13_when_one_gpu_is_not_enough.md"} <= {p.name for p in GUARDED}
 
 
 @pytest.mark.parametrize("path", GUARDED, ids=lambda p: p.name)
