@@ -100,6 +100,20 @@ def test_without_the_flags_the_plan_is_as_before():
     assert plan.zero_stage is None and not plan.stage_rows and "ZeRO" not in str(plan)
 
 
+def test_without_the_flags_a_model_that_fits_not_even_with_both_gets_the_stage_and_the_processes():
+    """Plain fit, no --zero-stage: where no strategy fits one example, the answer is not a dead end but the
+    ZeRO stage and process count that zero_rescue finds, the same as with --zero-stage 0."""
+    model = dict(MODEL, n_layer=3, n_embd=64, n_head=2, block_size=16, vocab_size=97, dropout=0.0)
+    usable = fit.gpt_step(GPTConfig(**model), 1, 16, checkpointing={"segments": "every"}, processes=4,
+                          zero_stage=2).device_peak_bytes
+    plain = fit.plan_training(model, effective_batch_size=8, device_memory=f"{usable}B")
+    flagged = fit.plan_training(model, effective_batch_size=8, device_memory=f"{usable}B", zero_stage=0)
+    assert all(not r.fits for r in plain.rows) and not plain.stage_rows
+    assert plain.recommendation.processes == flagged.recommendation.processes in (2, 4)
+    assert plain.recommendation.reason == flagged.recommendation.reason
+    assert f"under mpiexec -n {plain.recommendation.processes}" in str(plain)
+
+
 def test_a_model_that_fits_only_with_zero_gets_the_stage_and_the_processes():
     """The memory: what stage 2 on 4 processes needs for one example with the least-memory strategy. No
     strategy fits one process there; the recommendation must name a (stage, N) whose step fits, with no

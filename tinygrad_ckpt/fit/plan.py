@@ -186,6 +186,9 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     plan.recommendation = recommend(plan)
     if zero_stage is not None:
         _add_stages(plan, run, profiles)
+    elif plan.recommendation.verdict == VERDICTS[4]:  # not even with both: the stage and processes that fit
+        least = min(plan.rows, key=lambda r: r.memory.device_peak_bytes)
+        plan.recommendation = zero_rescue(plan, run, least, plan.recommendation) or plan.recommendation
     return plan
 
 
@@ -358,7 +361,7 @@ def _add_stages(plan, run, profiles):
         plan.stage_rows.append(_row(plan, f"stage {stage}", f"ZeRO stage {stage}, {label}", checkpointing, profile,
                                     _ratio(profile.at(1))))  # stage 3 recomputes whole blocks
     if rec.verdict == VERDICTS[4]:
-        plan.recommendation = zero_rescue(plan, run, base) or rec
+        plan.recommendation = zero_rescue(plan, run, base, rec) or rec
 
 
 def _stage3_refuses(checkpointing):
@@ -375,8 +378,8 @@ def _at_stage(plan, row, stage):
     return row.label, row.checkpointing
 
 
-def zero_rescue(plan, run, least, most=1024):
-    """Where not one example fits: the fewest processes (plan.processes, doubled up to `most`) at which some
+def zero_rescue(plan, run, least, short, most=1024):
+    """Where not one example fits (`short`: that recommendation, whose shortfall it keeps): the fewest processes (plan.processes, doubled up to `most`) at which some
     ZeRO stage fits a micro-batch of 1 with the least-memory strategy `least`, and the lowest such stage
     (stages 1 and 2 send what data parallelism sends, stage 3 half as much again); None if none does.
 
@@ -397,10 +400,10 @@ def zero_rescue(plan, run, least, most=1024):
                 batch = "" if steps * n == plan.effective_batch_size else (
                     f"; the effective batch becomes {steps * n}, a multiple of the {n} processes")
                 return Recommendation(VERDICTS[4], row, args,
-                                      f"not on {plan.processes} process{'es' if plan.processes > 1 else ''}; with ZeRO "
-                                      f"stage {stage} on {n} processes and {label}, one example needs "
-                                      f"{format_size(step.device_peak_bytes)} a process, of "
-                                      f"{format_size(plan.usable_bytes)} usable{batch}", processes=n)
+                                      f"{short.reason}; with ZeRO stage {stage} on {n} processes and {label}, one "
+                                      f"example needs {format_size(step.device_peak_bytes)} a process, of "
+                                      f"{format_size(plan.usable_bytes)} usable{batch}", short.shortfall_bytes,
+                                      processes=n)
         n *= 2
     return None
 
