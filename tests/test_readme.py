@@ -205,8 +205,10 @@ def _fit_cell(model, gpu):
 
     plan = plan_training(model, effective_batch_size=32, device_memory=gpu)
     rec = plan.recommendation
-    if rec.training_arguments is None:
-        return f"does not fit: {rec.shortfall_bytes / 2**30:.1f} GiB short"
+    if rec.shortfall_bytes:  # one GPU falls short; the ZeRO stage and GPUs that make one example fit
+        stage = re.search(r"zero_stage=(\d)", rec.training_arguments).group(1)
+        return (f"does not fit: {rec.shortfall_bytes / 2**30:.1f} GiB short (ZeRO stage {stage} on "
+                f"{rec.processes} GPUs fits)")
     largest = {}
     for line in str(plan).splitlines():
         for name in ("no checkpointing", "every block"):
