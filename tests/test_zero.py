@@ -93,7 +93,7 @@ def test_every_stage_takes_the_single_process_steps_in_float64(launched, case, n
         ranks = [r[f"{name}_{stage}"] for r in launched(n)]
         for rank in ranks:
             for got, expected in zip(rank["params"], want):
-                numpy.testing.assert_allclose(numpy.array(got), expected, rtol=1e-12, atol=1e-14)
+                numpy.testing.assert_allclose(numpy.array(got), expected, rtol=1e-12, atol=1e-14, err_msg=f"stage {stage}")
             numpy.testing.assert_allclose(rank["losses"], losses, rtol=1e-12, atol=1e-14)
         assert all(r["params"] == ranks[0]["params"] for r in ranks), f"stage {stage}: the ranks differ"
         groups = ranks[0]["groups"]  # stages 1, 2: one group of every parameter; stage 3: one a unit

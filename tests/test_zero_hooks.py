@@ -9,6 +9,9 @@ between gathers a parameter refuses every read, and one micro-batch's
 gradients reach the shard buffer equal to a plain backward's.
 """
 
+import gc
+import weakref
+
 import numpy
 import pytest
 from hypothesis import given, settings
@@ -199,14 +202,39 @@ def test_each_rank_keeps_only_its_shard_and_gathered_parameters_are_the_model_wi
     assert all(not numpy.any(pad) for pad in layout.padding())
 
 
+@pytest.mark.parametrize("policy", ["save_matmuls", "selective_attention", "offload_matmuls"])
+def test_a_checkpoint_policy_under_stage_3_gives_the_plain_gradients(policy):
+    """A policy keeps some ops' results; what their backward needs of a weight it keeps as the op's input
+    (the Parameter), not as the gathered array, so the recompute, which calls the block again (early_stop=False,
+    as the Trainer sets at stage 3), gathers it: the gradients are a plain model's, bit for bit, and no unit is
+    left gathered after the forward."""
+    plain, model = tiny_gpt(), tiny_gpt()
+    for m in (plain, model):
+        m.gradient_checkpointing_enable(policy=policy, early_stop=False)
+    layout, _, accumulator, comm = sharded(model)
+    gathered, all_gather = [], layout.all_gather
+    layout.all_gather = lambda g: (lambda full: gathered.append(weakref.ref(full)) or full)(all_gather(g))
+    idx = numpy.array([[1, 2, 3, 4]])
+    want, _ = plain(idx)
+    want.sum().backward()
+    logits, _ = model(idx)
+    gc.collect()
+    assert len(gathered) == len(layout.groups) and all(ref() is None for ref in gathered)  # nothing kept them
+    logits.sum().backward()
+    assert comm.calls["all_gather_arrays"] == 2 * len(layout.groups)  # forward; recompute (blocks), unpack (root)
+    for (_, members, _), buf in zip(layout.groups, accumulator.flats):
+        numpy.testing.assert_array_equal(buf, flat_padded([p.grad.numpy() for p in
+                                                           (list(plain.parameters())[i] for i in members)], 1))
+
+
 def test_stage_3_refuses_checkpointing_that_would_not_call_the_blocks_again():
-    """Its recompute must call each block (the pre-hook gathers it): a policy replays recorded ops, and
-    split_blocks runs the halves of a block, which are no modules; both are refused, naming them."""
+    """Its recompute must call each block (the pre-hook gathers it): split_blocks runs the halves of a block,
+    which are not the units; it is refused, naming it."""
     from tinygrad_ckpt.train import Trainer
 
     from .test_zero import dataset, training_args
 
-    for kwargs in ({"split_blocks": True}, {"policy": "save_matmuls"}):
+    for kwargs in ({"split_blocks": True}, {"split_blocks": True, "policy": "save_matmuls"}):
         args = training_args(zero_stage=3, gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs)
         with pytest.raises(ValueError, match="zero_stage=3 gathers each block's parameters when the block is called"):
             Trainer(tiny_gpt(), args, dataset(8), distributed=object())  # refused before any process is asked

@@ -421,10 +421,10 @@ class Trainer:
                 )
             kwargs = dict(args.gradient_checkpointing_kwargs or {})
             if args.zero_stage == 3 and distributed is not None:  # the recompute must call the blocks (zero.py)
-                if kwargs.get("policy") is not None or kwargs.get("split_blocks"):
+                if kwargs.get("split_blocks"):
                     raise ValueError("zero_stage=3 gathers each block's parameters when the block is called, so "
-                                     "its checkpointing recomputes whole blocks, calling them again: drop "
-                                     "gradient_checkpointing_kwargs' policy and split_blocks")
+                                     "its checkpointing must recompute whole blocks, calling them again, not "
+                                     "their halves: drop gradient_checkpointing_kwargs' split_blocks")
                 kwargs["early_stop"] = False
             try:
                 model.gradient_checkpointing_enable(**kwargs)

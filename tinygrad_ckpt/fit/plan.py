@@ -366,8 +366,8 @@ def _add_stages(plan, run, profiles):
 
 def _stage3_refuses(checkpointing):
     """Stage 3 gathers a block's parameters when the block is called, so its recompute must call whole blocks:
-    train.py refuses a policy or half blocks there."""
-    return bool(checkpointing) and (checkpointing.get("policy") is not None or bool(checkpointing.get("split_blocks")))
+    train.py refuses half blocks there (a policy is kept: its recompute calls whole blocks too)."""
+    return bool(checkpointing) and bool(checkpointing.get("split_blocks"))
 
 
 def _at_stage(plan, row, stage):
