@@ -178,3 +178,34 @@ def test_the_message_names_the_first_rank_that_differs_and_with_more_than_two_ev
             assert f", {r} " in listing or r == 0
             if v == values[0]:
                 assert f"{r} {found[3]}" in listing
+
+
+def test_a_process_whose_mpi_abort_fails_still_leaves_at_once(monkeypatch):
+    """MPI_Abort should not return. Once, in a whole-suite run beside other MPI jobs, a process printed its
+    exception a second time after MPI_Abort, on its way out, and the job hung: an exit through MPI_Finalize
+    waits for the others, who wait in a collective for it. Whatever MPI_Abort does, abort_if_running then
+    leaves with os._exit(code), and mpiexec ends the job. No MPI needed: a stand-in mpi4py.MPI."""
+    import types
+
+    from tinygrad_ckpt import distributed
+
+    class World:
+        def Get_size(self):
+            return 2
+
+        def Abort(self, code):
+            raise RuntimeError("MPI_Abort failed")
+
+    fake = types.SimpleNamespace(Is_initialized=lambda: True, Is_finalized=lambda: False, COMM_WORLD=World())
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", fake)
+    monkeypatch.setattr(distributed, "ABORT_GRACE_SECONDS", 0)
+    exits = []
+
+    def leave(code):
+        exits.append(code)
+        raise SystemExit(code)  # os._exit would end pytest too
+
+    monkeypatch.setattr(distributed.os, "_exit", leave)
+    with pytest.raises(SystemExit):
+        distributed.abort_if_running(3)
+    assert exits == [3]

@@ -467,4 +467,7 @@ def abort_if_running(code, traceback=False):
     # message, the one thing the user needs, would be lost. A moment's pause
     # lets mpiexec pass it on first (CI once saw exit status 3 with no text).
     time.sleep(ABORT_GRACE_SECONDS)
-    MPI.COMM_WORLD.Abort(code)
+    try:
+        MPI.COMM_WORLD.Abort(code)
+    finally:  # MPI_Abort does not return; if it ever fails, leave at once: an exit through MPI_Finalize would
+        os._exit(code)  # wait for the others, who wait for us. mpiexec ends the job when a process dies so.
