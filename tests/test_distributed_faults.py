@@ -182,9 +182,10 @@ def test_the_message_names_the_first_rank_that_differs_and_with_more_than_two_ev
 
 def test_a_process_whose_mpi_abort_fails_still_leaves_at_once(monkeypatch):
     """MPI_Abort should not return. Once, in a whole-suite run beside other MPI jobs, a process printed its
-    exception a second time after MPI_Abort, on its way out, and the job hung: an exit through MPI_Finalize
-    waits for the others, who wait in a collective for it. Whatever MPI_Abort does, abort_if_running then
-    leaves with os._exit(code), and mpiexec ends the job. No MPI needed: a stand-in mpi4py.MPI."""
+    exception a second time after MPI_Abort, on its way out, and left; the two others went on waiting in a
+    collective for it, and mpiexec did not end them. Whatever MPI_Abort does, abort_if_running then leaves
+    with os._exit(code), never a normal exit through MPI_Finalize, and mpiexec ends the job when a process
+    dies so. No MPI needed: a stand-in mpi4py.MPI."""
     import types
 
     from tinygrad_ckpt import distributed

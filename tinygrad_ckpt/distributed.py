@@ -469,5 +469,5 @@ def abort_if_running(code, traceback=False):
     time.sleep(ABORT_GRACE_SECONDS)
     try:
         MPI.COMM_WORLD.Abort(code)
-    finally:  # MPI_Abort does not return; if it ever fails, leave at once: an exit through MPI_Finalize would
-        os._exit(code)  # wait for the others, who wait for us. mpiexec ends the job when a process dies so.
+    finally:  # MPI_Abort does not return; if it ever fails, leave at once: after a normal exit (through
+        os._exit(code)  # MPI_Finalize) the others would wait for us forever. mpiexec ends the job when one dies so.
