@@ -117,7 +117,10 @@ class Count:
         self.points = _array.array("q") if points else None
 
     def reset_peak(self):
+        """The peak, and the points (if kept), start again from the live bytes now."""
         self.peak = self.live
+        if self.points is not None:
+            self.points = _array.array("q", [self.live])
 
     def adopt(self, array):
         """Count `array`, made before this count began, as live in it from now on and as freed from it when it
@@ -126,8 +129,6 @@ class Count:
             array._count = self
             self.live += array.nbytes
             self.peak = builtins.max(self.peak, self.live)
-        if self.points is not None:
-            self.points = _array.array("q")
 
 
 count = Count()

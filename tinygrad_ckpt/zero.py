@@ -397,8 +397,10 @@ class ShardedAccumulator(GradientAccumulator):
     Stage 1: full-size buffers (views into one padded flat array per group),
     summed into this rank's shards by `reduce_scatter_`. Stage 2: shard-sized
     buffers, into which `accumulate` reduces each micro-batch's gradients,
-    one shard-sized chunk to each owner. Either way `write_grads` gives each shard Parameter its
-    gradient, the mean over the global items.
+    one shard-sized chunk to each owner. Stage 3: shard-sized buffers, into
+    which each gradient is reduced as backward makes it (`reduce_gradient_`,
+    a post-accumulate-grad hook). Every way, `write_grads` gives each shard
+    Parameter its gradient, the mean over the global items.
     """
 
     def __init__(self, shards, comm, stage, gradient_accumulation_steps=1, dtype=None):

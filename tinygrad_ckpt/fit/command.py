@@ -58,7 +58,7 @@ def add_arguments(parser):
                      help="data-parallel processes, one per GPU (default: 1)")
     run.add_argument("--zero-stage", type=int, default=None, metavar="S",
                      help="with --processes N: every peak is one process's of N under ZeRO stage S (zero.py: 1 "
-                          "shards the optimizer state, 2 the accumulation buffers too), run on the meta device, not "
+                          "shards the optimizer state, 2 the accumulation buffers too, 3 the parameters too), run on the meta device, not "
                           "a formula; adds a row per stage, and where nothing fits names the stage and processes "
                           "that do. DeepSpeed's estimate_zero2/3_model_states_mem_needs_all_live count the model "
                           "states only, no activations or buffers (fit/sharded.py)")

@@ -135,8 +135,8 @@ def plan_training(model="gpt2", seq_len=None, effective_batch_size=8, device_mem
     run). planner_layers: the planner may cut the chain every
     ceil(n_layer / planner_layers) blocks (every block up to 24 blocks, every
     second for GPT-2 XL's 48): schedules.plan_checkpoints' search grows
-    quickly with the number of places it may cut. zero_stage: 0, 1, 2 (3
-    once zero.py has it): every row is then one process's step of
+    quickly with the number of places it may cut. zero_stage: 0, 1, 2 or 3
+    (zero.STAGES): every row is then one process's step of
     `processes` under that ZeRO stage (TrainingArguments.zero_stage), run on
     the meta device (fit/sharded.py); the plan adds a row per stage, and
     where nothing fits, the recommendation names the stage and the number
@@ -379,9 +379,10 @@ def _at_stage(plan, row, stage):
 
 
 def zero_rescue(plan, run, least, short, most=1024):
-    """Where not one example fits (`short`: that recommendation, whose shortfall it keeps): the fewest processes (plan.processes, doubled up to `most`) at which some
-    ZeRO stage fits a micro-batch of 1 with the least-memory strategy `least`, and the lowest such stage
-    (stages 1 and 2 send what data parallelism sends, stage 3 half as much again); None if none does.
+    """Where not one example fits (`short`: that recommendation, whose shortfall it keeps): the fewest
+    processes (plan.processes, doubled up to `most`) at which some ZeRO stage fits a micro-batch of 1 with the
+    least-memory strategy `least`, and the lowest such stage (stages 1 and 2 send what data parallelism
+    sends, stage 3 half as much again); None if none does.
 
     Each candidate is run, one process's step on the meta device, as the rows are: no formula. Every process
     then takes micro-batches of 1, so the effective batch is a multiple of the processes.

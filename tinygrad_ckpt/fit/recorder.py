@@ -14,17 +14,13 @@ class _Recorder(observe.Observer):
 
     def __init__(self, policy):
         self.checks = self.start = None
-        self.scratch_start = 0  # where the step's own entries begin in the meta count's points
         self.policy = policy
         self.forward_flops = self.recomputed_flops = 0
 
     def on_reset_peak(self):
         self.start = dict(memory.tracker.current)
         self.checks = array("q", self.start.values())  # one row of CATEGORIES a check, row after row
-        meta.count.reset_peak()
-        if meta.count.points is not None:  # the device's bytes from here on: the step's, not the model's making
-            meta.count.points.append(meta.count.live)  # (ZeRO: the whole model, then its shards, before the step)
-            self.scratch_start = len(meta.count.points) - 1
+        meta.count.reset_peak()  # the device's bytes from here on: the step's, not the model's making (ZeRO's shards)
 
     def on_track(self, buffer, category, new):
         if self.checks is not None:

@@ -149,7 +149,7 @@ def estimate_step(model, batch_shapes, compute_loss_func=None, training_argument
         memory.tracker = previous
     points = numpy.frombuffer(recorder.checks, dtype=numpy.int64).reshape(-1, len(memory.CATEGORIES))
     highest = dict(zip(memory.CATEGORIES, map(int, points.max(axis=0))))
-    scratch = numpy.frombuffer(count.points, dtype=numpy.int64)[recorder.scratch_start:]
+    scratch = numpy.frombuffer(count.points, dtype=numpy.int64)
     return StepMemory(tracker.peak_total, dict(tracker.peak), highest, recorder.start, count.peak + constant,
                       constant, recorder.recomputed_flops, recorder.forward_flops, points, scratch)
 

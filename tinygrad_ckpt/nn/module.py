@@ -106,15 +106,15 @@ class Module:
 
     def register_forward_pre_hook(self, hook):
         """Call hook(module, args) before each forward; returns a handle whose remove() takes it off."""
-        return self._add_hook("_forward_pre_hooks", hook)
+        return self._add_hook("_forward_pre_hooks", hook, "forward pre hook")
 
     def register_forward_hook(self, hook):
         """Call hook(module, args, output) after each forward; returns a handle whose remove() takes it off."""
-        return self._add_hook("_forward_hooks", hook)
+        return self._add_hook("_forward_hooks", hook, "forward hook")
 
-    def _add_hook(self, kind, hook):
+    def _add_hook(self, kind, hook, what):
         if not callable(hook):
-            raise TypeError(f"{kind.strip('_')[:-1].replace('_', ' ')} must be callable, got {type(hook).__name__}")
+            raise TypeError(f"{what} must be callable, got {type(hook).__name__}")
         if kind not in vars(self):
             setattr(self, kind, [])  # this instance's own list, not the class's empty tuple
         getattr(self, kind).append(hook)
